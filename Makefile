@@ -1,0 +1,41 @@
+# plait: `make demo` runs the default model, `make test` runs every check, `make bench` the benchmarks.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+QUICK ?=
+
+.PHONY: demo test lint typecheck pytest bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m plait.demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check frontend backend kernels tests examples benchmarks
+	$(BIN)/ruff format --check frontend backend kernels tests examples benchmarks
+
+# mypy sees the import layout (plait, plait.backend, plait.kernels) through a link farm.
+typecheck: $(STAMP)
+	rm -rf .typecheck && mkdir -p .typecheck/plait
+	ln -s $(CURDIR)/frontend/* .typecheck/plait/
+	ln -s $(CURDIR)/backend .typecheck/plait/backend
+	ln -s $(CURDIR)/kernels .typecheck/plait/kernels
+	$(BIN)/mypy -p plait
+
+pytest: $(STAMP)
+	$(BIN)/python -m pytest -q -ra --durations=15
+
+test: lint typecheck pytest
+
+bench: $(STAMP)
+	$(BIN)/pip install --quiet -e '.[bench]'
+	$(BIN)/python -m benchmarks.run $(if $(QUICK),--quick,)
+
+clean:
+	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache

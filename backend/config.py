@@ -1,0 +1,68 @@
+"""Engine configuration: one frozen dataclass, validated once."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything that shapes one engine: model, memory, batching, scheduling.
+
+    `kv_tokens=None` sizes the KV pool from `mem_fraction` of free device memory (capped at
+    `max_kv_tokens_cpu` on CPU). `chunked_prefill_size=0` disables chunked prefill.
+    """
+
+    model: str = "plait-tiny"
+    dtype: str = "auto"
+    device: str = "auto"
+    kv_tokens: int | None = None
+    mem_fraction: float = 0.8
+    max_kv_tokens_cpu: int = 131072
+    page_size: int = 1
+    max_running_requests: int = 256
+    max_prefill_tokens: int = 8192
+    chunked_prefill_size: int = 2048
+    context_length: int | None = None
+    schedule_policy: str = "lpm"
+    fcfs_queue_threshold: int = 256
+    disable_radix_cache: bool = False
+    enable_jump_forward: bool = True
+    grammar_cache_size: int = 256
+    grammar_timeout_s: float = 60.0
+    new_token_ratio: float = 0.5
+    min_new_token_ratio: float = 0.1
+    new_token_ratio_decay: float = 0.002
+    check_integrity: bool = False
+    num_threads: int = 1
+
+    def __post_init__(self) -> None:
+        if self.schedule_policy not in SCHEDULE_POLICIES:
+            raise ValueError(f"schedule_policy must be one of {SCHEDULE_POLICIES}")
+        if self.page_size < 1:
+            raise ValueError("page_size must be >= 1")
+        if self.max_running_requests < 1:
+            raise ValueError("max_running_requests must be >= 1")
+        if self.chunked_prefill_size < 0 or self.max_prefill_tokens < 1:
+            raise ValueError("chunked_prefill_size must be >= 0, max_prefill_tokens >= 1")
+        if self.kv_tokens is not None and self.kv_tokens < self.page_size:
+            raise ValueError("kv_tokens must hold at least one page")
+
+    @property
+    def prefill_budget(self) -> int:
+        """Prompt tokens one step may prefill."""
+        if self.chunked_prefill_size:
+            return min(self.chunked_prefill_size, self.max_prefill_tokens)
+        return self.max_prefill_tokens
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> EngineConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise TypeError(f"unknown engine option(s) {unknown}; known: {sorted(known)}")
+        return cls(**kwargs)

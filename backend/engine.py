@@ -1,0 +1,221 @@
+"""`Engine`: the runtime as a Python object — generate, stream, async, flush, shut down.
+
+    with Engine() as engine:                          # plait-tiny, in-process
+        out = engine.generate("Hello", {"max_new_tokens": 16, "temperature": 0})
+        print(out["text"], out["usage"])
+
+The same TokenizerManager serves the HTTP server; here its messages go to a scheduler
+thread in this process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any
+
+from plait.backend.config import EngineConfig
+from plait.backend.inprocess import InProcessRuntime
+from plait.backend.messages import Stats
+from plait.backend.sampling_params import SamplingParams
+from plait.backend.tokenizer_manager import TokenizerManager
+
+Prompt = str | Sequence[str] | None
+InputIds = Sequence[int] | Sequence[Sequence[int]] | None
+ParamsLike = SamplingParams | dict[str, Any] | None
+
+
+class GenerationError(ValueError):
+    """A request was rejected or failed (the message names the problem)."""
+
+
+class Engine:
+    """In-process LLM engine: radix-cached, continuously batched, on plait's own model code.
+
+    `model` is a builtin name ("plait-tiny", "plait-small") or a local Hugging Face model
+    directory; other keyword arguments are `EngineConfig` fields.
+    """
+
+    def __init__(self, model: str | None = None, **config: Any) -> None:
+        if model is not None:
+            config["model"] = str(model)
+        self.config = EngineConfig.from_kwargs(**config)
+        self._tm: TokenizerManager | None = None
+        self.runtime = InProcessRuntime(config=self.config, deliver=self._deliver)
+        self.tokenizer = self.runtime.tokenizer
+        self._tm = TokenizerManager(tokenizer=self.tokenizer, send=self.runtime.send)
+
+    @property
+    def tokenizer_manager(self) -> TokenizerManager:
+        assert self._tm is not None, "engine is shut down"
+        return self._tm
+
+    def _deliver(self, msg: object) -> None:
+        if self._tm is not None:
+            self._tm.handle(msg)
+
+    # --- generation -------------------------------------------------------------------
+    def generate(
+        self,
+        prompt: Prompt = None,
+        sampling_params: ParamsLike | Sequence[ParamsLike] = None,
+        *,
+        input_ids: InputIds = None,
+        stream: bool = False,
+    ) -> Any:
+        """One prompt -> one result dict (a list if n > 1); a list of prompts -> a flat list.
+        With `stream=True`, an iterator of increments for a single prompt."""
+        batch, single = self._requests(prompt, input_ids, sampling_params)
+        if stream:
+            if not single or batch[0][1].n != 1:
+                raise GenerationError("stream=True takes one prompt with n=1")
+            return self._stream(*batch[0])
+        sinks: list[queue.Queue[dict[str, Any]]] = []
+        for ids, params in batch:
+            for _ in range(params.n):
+                sinks.append(queue.Queue())
+            self._submit(ids, params, sinks[-params.n :], stream=False)
+        results = [_checked(q.get()) for q in sinks]
+        return results[0] if single and len(results) == 1 else results
+
+    def _stream(self, ids: list[int], params: SamplingParams) -> Iterator[dict[str, Any]]:
+        sink: queue.Queue[dict[str, Any]] = queue.Queue()
+        (rid,) = self._submit(ids, params, [sink], stream=True)
+        try:
+            while True:
+                item = _checked(sink.get())
+                yield item
+                if item["finish_reason"] is not None:
+                    return
+        finally:
+            self.tokenizer_manager.abort(rid)
+
+    async def async_generate(
+        self,
+        prompt: Prompt = None,
+        sampling_params: ParamsLike | Sequence[ParamsLike] = None,
+        *,
+        input_ids: InputIds = None,
+        stream: bool = False,
+    ) -> Any:
+        """Like `generate`, awaitable; with `stream=True` returns an async iterator."""
+        batch, single = self._requests(prompt, input_ids, sampling_params)
+        if stream:
+            if not single or batch[0][1].n != 1:
+                raise GenerationError("stream=True takes one prompt with n=1")
+            return self._astream(*batch[0])
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[dict[str, Any]]] = []
+        for ids, params in batch:
+            mine = [loop.create_future() for _ in range(params.n)]
+            futures.extend(mine)
+            sinks = [_future_sink(loop, f) for f in mine]
+            self.tokenizer_manager.submit(input_ids=ids, params=params, stream=False, sinks=sinks)
+        results = [_checked(r) for r in await asyncio.gather(*futures)]
+        return results[0] if single and len(results) == 1 else results
+
+    async def _astream(
+        self, ids: list[int], params: SamplingParams
+    ) -> AsyncIterator[dict[str, Any]]:
+        loop = asyncio.get_running_loop()
+        sink: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        (rid,) = self.tokenizer_manager.submit(
+            input_ids=ids,
+            params=params,
+            stream=True,
+            sinks=[lambda d: _call_soon(loop, sink.put_nowait, d)],
+        )
+        try:
+            while True:
+                item = _checked(await sink.get())
+                yield item
+                if item["finish_reason"] is not None:
+                    return
+        finally:
+            self.tokenizer_manager.abort(rid)
+
+    def _submit(
+        self,
+        ids: list[int],
+        params: SamplingParams,
+        sinks: list[queue.Queue[dict[str, Any]]],
+        *,
+        stream: bool,
+    ) -> list[str]:
+        return self.tokenizer_manager.submit(
+            input_ids=ids, params=params, stream=stream, sinks=[q.put for q in sinks]
+        )
+
+    def _requests(
+        self, prompt: Prompt, input_ids: InputIds, sampling_params: Any
+    ) -> tuple[list[tuple[list[int], SamplingParams]], bool]:
+        """Normalize inputs to [(ids, params)]; the flag says a single prompt was given."""
+        if (prompt is None) == (input_ids is None):
+            raise GenerationError("give exactly one of prompt or input_ids")
+        if prompt is not None:
+            single = isinstance(prompt, str)
+            texts = [prompt] if isinstance(prompt, str) else list(prompt)
+            ids_list = [self.tokenizer_manager.encode(t) for t in texts]
+        else:
+            assert input_ids is not None
+            single = not input_ids or isinstance(input_ids[0], int)
+            ids_list = [list(input_ids)] if single else [list(x) for x in input_ids]  # type: ignore[arg-type]
+        if isinstance(sampling_params, list):
+            if len(sampling_params) != len(ids_list):
+                raise GenerationError("sampling_params list must match the number of prompts")
+            params = [_as_params(p) for p in sampling_params]
+        else:
+            params = [_as_params(sampling_params)] * len(ids_list)
+        return list(zip(ids_list, params, strict=True)), single
+
+    # --- control ----------------------------------------------------------------------
+    def flush_cache(self) -> bool:
+        """Empty the radix cache (False while requests are running)."""
+        return bool(self.tokenizer_manager.control("flush_cache").result(timeout=60))
+
+    def stats(self) -> Stats:
+        stats = self.tokenizer_manager.control("stats").result(timeout=60)
+        assert isinstance(stats, Stats)
+        return stats
+
+    def shutdown(self) -> None:
+        if self._tm is None:
+            return
+        self.runtime.close()
+        self._tm.fail_all("engine shut down")
+        self._tm = None
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+
+def _as_params(p: ParamsLike) -> SamplingParams:
+    if isinstance(p, SamplingParams):
+        return p
+    try:
+        return SamplingParams.from_dict(p)
+    except (TypeError, ValueError) as exc:
+        raise GenerationError(str(exc)) from exc
+
+
+def _checked(result: dict[str, Any]) -> dict[str, Any]:
+    reason = result.get("finish_reason")
+    if reason and reason.get("type") == "error":
+        raise GenerationError(reason.get("message", "request failed"))
+    return result
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, fn: Any, arg: Any) -> None:
+    loop.call_soon_threadsafe(fn, arg)
+
+
+def _future_sink(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[dict[str, Any]]) -> Any:
+    def resolve(d: dict[str, Any]) -> None:
+        if not fut.done():
+            fut.set_result(d)
+
+    return lambda d: _call_soon(loop, resolve, d)

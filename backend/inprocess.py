@@ -1,0 +1,75 @@
+"""Run the scheduler and the detokenizer on one background thread of this process."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+
+import torch
+
+from plait.backend.config import EngineConfig
+from plait.backend.detokenizer import Detokenizer
+from plait.backend.grammar_api import GrammarHooks
+from plait.backend.messages import BatchStrOut, BatchTokenOut
+from plait.backend.model_runner import ModelRunner
+from plait.backend.scheduler import Scheduler
+from plait.backend.scheduler_loop import run_loop
+from plait.backend.tokenizer_utils import make_decoder
+
+
+class InProcessRuntime:
+    """The engine's runtime when everything lives in one process: messages travel through a
+    `queue.Queue`, results go to `deliver` from the scheduler thread."""
+
+    def __init__(self, *, config: EngineConfig, deliver: Callable[[object], None]) -> None:
+        torch.set_num_threads(config.num_threads)
+        self.runner = ModelRunner(config)
+        from plait.backend.loader import load_tokenizer
+
+        self.tokenizer = load_tokenizer(self.runner.model_path)
+        decode = make_decoder(self.tokenizer)
+        self.scheduler = Scheduler(
+            config=config,
+            runner=self.runner,
+            decode=lambda ids: decode(ids, True),
+            grammar=make_grammar(config, self.tokenizer, self.runner.vocab_size),
+        )
+        self.detokenizer = Detokenizer(decode=decode)
+        self._deliver = deliver
+        self._inbox: queue.Queue[object] = queue.Queue()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="plait-scheduler", daemon=True)
+        self._thread.start()
+
+    def send(self, msg: object) -> None:
+        self._inbox.put(msg)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._inbox.put(None)
+        self._thread.join(timeout=30)
+
+    def _recv(self, block: bool) -> list[object]:
+        msgs: list[object] = []
+        try:
+            msgs.append(self._inbox.get(block=block, timeout=0.5 if block else None))
+            while True:
+                msgs.append(self._inbox.get_nowait())
+        except queue.Empty:
+            pass
+        return [m for m in msgs if m is not None]
+
+    def _send(self, msg: object) -> None:
+        if isinstance(msg, BatchTokenOut):
+            msg = BatchStrOut(self.detokenizer.process(msg.outputs))
+        self._deliver(msg)
+
+    def _run(self) -> None:
+        torch.set_num_threads(self.scheduler.config.num_threads)
+        run_loop(self.scheduler, recv=self._recv, send=self._send, should_stop=self._stop.is_set)
+
+
+def make_grammar(config: EngineConfig, tokenizer: object, vocab_size: int) -> GrammarHooks | None:
+    """The grammar backend for constrained requests (None until it is available)."""
+    return None

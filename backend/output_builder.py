@@ -1,0 +1,100 @@
+"""What the scheduler reports per request: new ids, logprobs, finish, usage."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from plait.backend.messages import DetokOptions, ReqOutput
+from plait.backend.req import Req
+
+STOP_TAIL_EXTRA_TOKENS = 4
+
+
+class OutputBuilder:
+    """Collects logprobs as they are computed and turns a request's progress into a
+    `ReqOutput` holding only what was not emitted before."""
+
+    def __init__(self, *, decode: Callable[[list[int]], str]) -> None:
+        self.decode = decode
+
+    # --- prompt logprobs --------------------------------------------------------------
+    def input_logprob_positions(self, req: Req) -> range:
+        """Positions in this step's extend whose next-token logprob was asked for."""
+        p = req.params
+        if not p.return_logprob or p.logprob_start_len < 0 or req.logprobs.input_done:
+            return range(0)
+        lo = max(req.kv_len, p.logprob_start_len - 1, 0)
+        hi = min(req.kv_len + req.extend_len, req.prompt_len - 1)
+        return range(lo, max(lo, hi))
+
+    def record_input_logprobs(self, req: Req, logits: torch.Tensor) -> None:
+        positions = self.input_logprob_positions(req)
+        rec, ids = req.logprobs, req.origin_input_ids
+        k = req.params.top_logprobs_num
+        if not rec.input and req.params.logprob_start_len == 0:
+            rec.input.append((None, ids[0]))
+            if k:
+                rec.input_top.append(None)
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        targets = torch.tensor([ids[p + 1] for p in positions], device=logprobs.device)
+        chosen = logprobs.gather(1, targets[:, None]).squeeze(1).tolist()
+        rec.input.extend(zip(chosen, targets.tolist(), strict=True))
+        if k:
+            rec.input_top.extend(_topk(row, k) for row in logprobs)
+
+    def mark_input_done(self, req: Req) -> None:
+        if req.kv_len >= req.prompt_len:
+            req.logprobs.input_done = True
+
+    # --- output logprobs --------------------------------------------------------------
+    def record_output_logprob(self, req: Req, logprobs: torch.Tensor, token: int) -> None:
+        req.logprobs.output.append((float(logprobs[token]), token))
+        if req.params.top_logprobs_num:
+            req.logprobs.output_top.append(_topk(logprobs, req.params.top_logprobs_num))
+
+    # --- stop strings -----------------------------------------------------------------
+    def tail_text(self, req: Req) -> str | None:
+        """Text of the last few output tokens, enough to contain any stop string."""
+        if not req.params.stop:
+            return None
+        n = max(len(s) for s in req.params.stop) + STOP_TAIL_EXTRA_TOKENS
+        return self.decode(req.output_ids[-n:])
+
+    # --- emission ---------------------------------------------------------------------
+    def emit(self, req: Req) -> ReqOutput:
+        """Everything new since the previous emission of `req`."""
+        rec = req.logprobs
+        send_input = rec.input_done and not rec.input_sent and req.params.logprob_start_len >= 0
+        out = ReqOutput(
+            rid=req.rid,
+            new_ids=req.output_ids[req.sent_len :],
+            finish=req.finished,
+            prompt_tokens=req.prompt_len,
+            completion_tokens=len(req.output_ids),
+            cached_tokens=req.cached_tokens,
+            output_logprobs=rec.output[rec.sent_output :],
+            output_top_logprobs=rec.output_top[rec.sent_output :],
+            input_logprobs=list(rec.input) if send_input else None,
+            input_top_logprobs=list(rec.input_top) if send_input and rec.input_top else None,
+            rollback=req.rollback,
+            warnings=req.warnings,
+            detok_options=None
+            if req.emitted
+            else DetokOptions(
+                skip_special_tokens=req.params.skip_special_tokens, stop=req.params.stop
+            ),
+        )
+        req.emitted = True
+        req.sent_len = len(req.output_ids)
+        req.rollback = 0
+        req.warnings = ()
+        rec.sent_output = len(rec.output)
+        rec.input_sent = rec.input_sent or send_input
+        return out
+
+
+def _topk(logprobs: torch.Tensor, k: int) -> list[tuple[float, int]]:
+    values, ids = torch.topk(logprobs, k)
+    return list(zip(values.tolist(), ids.tolist(), strict=True))

@@ -1,0 +1,152 @@
+"""One sequence being generated, and why it finished."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+
+from plait.backend.radix_cache import TreeNode
+from plait.backend.sampling_params import SamplingParams
+
+FinishKind = Literal["stop", "length", "abort", "error"]
+
+
+@dataclass(frozen=True)
+class FinishReason:
+    """Why a request ended: `matched` is the stop token id or stop string, if any."""
+
+    kind: FinishKind
+    matched: int | str | None = None
+    message: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": self.kind}
+        if self.matched is not None:
+            out["matched"] = self.matched
+        if self.message is not None:
+            out["message"] = self.message
+        return out
+
+
+@dataclass
+class LogprobRecord:
+    """Logprobs collected so far; `sent_*` mark what has been emitted to the client."""
+
+    output: list[tuple[float, int]] = field(default_factory=list)
+    output_top: list[list[tuple[float, int]]] = field(default_factory=list)
+    input: list[tuple[float | None, int]] = field(default_factory=list)
+    input_top: list[list[tuple[float, int]] | None] = field(default_factory=list)
+    input_done: bool = False
+    input_sent: bool = False
+    sent_output: int = 0
+
+
+class Req:
+    """A sequence: prompt ids, output ids, sampling params and its KV-cache bookkeeping.
+
+    Memory ownership: positions [0, cached_len) are radix-tree slots locked through
+    `last_node`; positions [cached_len, kv_len) are slots this request owns. The last sampled
+    token has no KV yet, so a decoding request has kv_len == seq_len - 1.
+    """
+
+    def __init__(
+        self,
+        *,
+        rid: str,
+        input_ids: list[int],
+        params: SamplingParams,
+        eos_ids: frozenset[int],
+        group: str | None = None,
+        arrival: int = 0,
+    ) -> None:
+        self.rid = rid
+        self.origin_input_ids = list(input_ids)
+        self.output_ids: list[int] = []
+        self.params = params
+        self.eos_ids = frozenset() if params.ignore_eos else eos_ids
+        self.group = group
+        self.arrival = arrival
+        self.row: int | None = None
+        self.kv_len = 0
+        self.cached_len = 0
+        self.last_node: TreeNode | None = None
+        self.extend_len = 0
+        self.cached_tokens = 0
+        self.admitted_once = False
+        self.finished: FinishReason | None = None
+        self.logprobs = LogprobRecord()
+        self.grammar: Any = None
+        self.sent_len = 0
+        self.emitted = False
+        self.rollback = 0
+        self.warnings: tuple[str, ...] = ()
+        self.generator: torch.Generator | None = None
+        if params.seed is not None:
+            self.generator = torch.Generator().manual_seed(params.seed)
+
+    # --- lengths -----------------------------------------------------------------------
+    @property
+    def prompt_len(self) -> int:
+        return len(self.origin_input_ids)
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.origin_input_ids) + len(self.output_ids)
+
+    def all_ids(self) -> list[int]:
+        return self.origin_input_ids + self.output_ids
+
+    def is_decoding(self) -> bool:
+        return self.row is not None and self.kv_len == self.seq_len - 1
+
+    def will_sample(self) -> bool:
+        """Whether this step's extend reaches the end of the sequence."""
+        return self.kv_len + self.extend_len == self.seq_len
+
+    def match_limit(self) -> int:
+        """How many leading tokens may come from the cache: at least the last token is
+        recomputed, and prompt positions whose logprobs were asked for are recomputed."""
+        limit = self.seq_len - 1
+        start = self.params.logprob_start_len
+        if self.params.return_logprob and 0 <= start < self.prompt_len and not self.admitted_once:
+            limit = min(limit, max(start - 1, 0))
+        return limit
+
+    # --- sampling helpers --------------------------------------------------------------
+    def next_uniform(self) -> float:
+        return float(torch.rand(1, generator=self.generator).item())
+
+    def below_min_tokens(self) -> bool:
+        return len(self.output_ids) < self.params.min_new_tokens
+
+    def stop_ids_before_min(self) -> list[int]:
+        return sorted(self.eos_ids | set(self.params.stop_token_ids))
+
+    # --- finishing ---------------------------------------------------------------------
+    def finish(self, reason: FinishReason) -> None:
+        if self.finished is None:
+            self.finished = reason
+
+    def check_finished(self, *, context_len: int, tail_text: str | None) -> None:
+        """Set `finished` from the last output token (EOS, stop ids, stop strings, length)."""
+        if self.finished is not None or not self.output_ids:
+            return
+        last = self.output_ids[-1]
+        grammar_done = self.grammar is not None and self.grammar.is_terminated()
+        if grammar_done or last in self.eos_ids or last in self.params.stop_token_ids:
+            self.finish(FinishReason("stop", last))
+        elif tail_text is not None and (hit := _first_stop(tail_text, self.params.stop)):
+            self.finish(FinishReason("stop", hit))
+        elif len(self.output_ids) >= self.params.max_new_tokens or self.seq_len >= context_len:
+            self.finish(FinishReason("length"))
+
+    def __repr__(self) -> str:
+        out = len(self.output_ids)
+        return f"Req({self.rid!r}, prompt={self.prompt_len}, out={out}, kv={self.kv_len})"
+
+
+def _first_stop(text: str, stops: tuple[str, ...]) -> str | None:
+    found = [(text.find(s), s) for s in stops if s in text]
+    return min(found)[1] if found else None

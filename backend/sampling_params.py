@@ -1,0 +1,148 @@
+"""Per-request sampling parameters, validated on arrival."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+GREEDY_EPS = 1e-6
+MAX_TOP_LOGPROBS = 20
+CONSTRAINT_FIELDS = ("json_schema", "regex", "ebnf", "choices", "json_object")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one request; field names follow SGLang's `sampling_params`.
+
+    `temperature=0` is greedy. `top_k <= 0` disables top-k. `n > 1` draws parallel samples
+    that share the prompt's KV cache. At most one constraint (`json_schema`, `regex`, `ebnf`,
+    `choices`, `json_object`) may be set.
+    """
+
+    max_new_tokens: int = 128
+    min_new_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    seed: int | None = None
+    n: int = 1
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
+    logprob_start_len: int = -1
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    choices: tuple[str, ...] | None = None
+    json_object: bool = False
+    any_whitespace: bool = False
+    strict_mode: bool = True
+    jump_forward: bool = True
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature < GREEDY_EPS or self.top_k == 1
+
+    @property
+    def constraint(self) -> tuple[str, Any] | None:
+        """(kind, value) of the one constraint set, or None."""
+        for name in CONSTRAINT_FIELDS:
+            value = getattr(self, name)
+            if value not in (None, False):
+                return name, value
+        return None
+
+    @property
+    def has_penalties(self) -> bool:
+        return (
+            self.repetition_penalty != 1.0
+            or self.frequency_penalty != 0.0
+            or self.presence_penalty != 0.0
+        )
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> SamplingParams:
+        """Build from a JSON-like dict; unknown keys and wrong types raise ValueError."""
+        data = dict(data or {})
+        known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"sampling_params: unknown field(s) {unknown}")
+        if isinstance(data.get("stop"), str):
+            data["stop"] = [data["stop"]]
+        if isinstance(data.get("json_schema"), dict):
+            data["json_schema"] = json.dumps(data["json_schema"])
+        for name in ("stop", "stop_token_ids", "choices"):
+            if data.get(name) is not None:
+                if not isinstance(data[name], (list, tuple)):
+                    raise ValueError(f"sampling_params.{name} must be a list")
+                data[name] = tuple(data[name])
+        params = cls(**data)
+        params.check_types()
+        return params
+
+    def check_types(self) -> None:
+        """Raise ValueError naming the first field whose value has the wrong type."""
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "extra" or value is None:
+                continue
+            if not _type_ok(value, getattr(type(self)(), f.name), f.name):
+                raise ValueError(f"sampling_params.{f.name} has the wrong type: {value!r}")
+
+    def validate(self, *, vocab_size: int) -> None:
+        """Raise ValueError naming the first field out of its range."""
+        self.check_types()
+        checks = [
+            (self.max_new_tokens >= 0, "max_new_tokens must be >= 0"),
+            (self.min_new_tokens >= 0, "min_new_tokens must be >= 0"),
+            (self.temperature >= 0, "temperature must be >= 0"),
+            (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
+            (0 <= self.min_p <= 1, "min_p must be in [0, 1]"),
+            (self.repetition_penalty > 0, "repetition_penalty must be > 0"),
+            (-2 <= self.frequency_penalty <= 2, "frequency_penalty must be in [-2, 2]"),
+            (-2 <= self.presence_penalty <= 2, "presence_penalty must be in [-2, 2]"),
+            (self.n >= 1, "n must be >= 1"),
+            (0 <= self.top_logprobs_num <= MAX_TOP_LOGPROBS, "top_logprobs_num must be in [0, 20]"),
+            (all(0 <= t < vocab_size for t in self.stop_token_ids), "stop_token_ids out of vocab"),
+            (all(isinstance(s, str) and s for s in self.stop), "stop must be non-empty strings"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(f"sampling_params: {message}")
+        constraints = [
+            name for name in CONSTRAINT_FIELDS if getattr(self, name) not in (None, False)
+        ]
+        if len(constraints) > 1:
+            raise ValueError(f"sampling_params: at most one constraint, got {constraints}")
+        if self.choices is not None and not self.choices:
+            raise ValueError("sampling_params: choices must not be empty")
+
+    def replace(self, **changes: Any) -> SamplingParams:
+        return dataclasses.replace(self, **changes)
+
+
+def _type_ok(value: Any, default: Any, name: str) -> bool:
+    if name in ("stop", "choices"):
+        return all(isinstance(v, str) for v in value)
+    if name == "stop_token_ids":
+        return all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    if isinstance(default, bool):
+        return isinstance(value, bool)
+    if isinstance(default, int) and name != "seed":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(default, float):
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if name == "seed":
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, str)

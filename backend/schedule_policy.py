@@ -1,0 +1,46 @@
+"""In which order waiting requests are admitted: cache-aware (longest prefix match,
+DFS-weight) or first-come-first-served for very long queues."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from plait.backend.kv_manager import KVManager
+from plait.backend.radix_cache import TreeNode
+from plait.backend.req import Req
+
+
+class SchedulePolicy:
+    """Orders the waiting queue; `lpm` and `dfs-weight` look every request up in the tree."""
+
+    def __init__(self, *, policy: str, kv: KVManager, fcfs_threshold: int) -> None:
+        self.policy = policy
+        self.kv = kv
+        self.fcfs_threshold = fcfs_threshold
+
+    def order(self, waiting: list[Req]) -> list[Req]:
+        if self.policy == "fcfs" or len(waiting) > self.fcfs_threshold or self.kv.tree.disabled:
+            return sorted(waiting, key=lambda r: r.arrival)
+        matches = {r.rid: self.kv.match(r) for r in waiting}
+        if self.policy == "lpm":
+            return sorted(waiting, key=lambda r: (-matches[r.rid].length, r.arrival))
+        return self._dfs_weight(waiting, {r.rid: matches[r.rid].last_node for r in waiting})
+
+    def _dfs_weight(self, waiting: list[Req], nodes: dict[str, TreeNode]) -> list[Req]:
+        """Visit the tree's heaviest subtrees first, emitting the requests parked at each node."""
+        at_node: dict[int, list[Req]] = defaultdict(list)
+        weight: dict[int, int] = defaultdict(int)
+        for req in sorted(waiting, key=lambda r: r.arrival):
+            node: TreeNode | None = nodes[req.rid]
+            at_node[id(node)].append(req)
+            while node is not None:
+                weight[id(node)] += 1
+                node = node.parent
+        out: list[Req] = []
+        stack = [self.kv.tree.root]
+        while stack:
+            node = stack.pop()
+            out.extend(at_node.get(id(node), []))
+            children = [c for c in node.children.values() if weight.get(id(c))]
+            stack.extend(sorted(children, key=lambda c: weight[id(c)]))
+        return out

@@ -1,0 +1,399 @@
+"""The continuous-batching loop: admit, batch, forward, sample, retire.
+
+Each `step()` admits waiting requests in cache-aware order within the prefill token budget
+(chunking long prompts), runs one forward for the mixed batch of prefills and decodes,
+samples, retires finished requests into the radix cache, and retracts running requests back
+to the queue when the KV pool runs out. The same class runs in-process (Engine) and in the
+server's scheduler process; only the I/O around `add_request`/`step` differs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from plait.backend.config import EngineConfig
+from plait.backend.forward_batch import ForwardBatch
+from plait.backend.grammar_api import GrammarHooks
+from plait.backend.kv_manager import KVManager
+from plait.backend.messages import ReqOutput, Stats, TokenizedRequest
+from plait.backend.model_runner import ModelRunner
+from plait.backend.output_builder import OutputBuilder
+from plait.backend.req import FinishReason, Req
+from plait.backend.sampler import Sampler
+from plait.backend.schedule_policy import SchedulePolicy
+from plait.kernels import apply_token_bitmask
+
+DecodeFn = Callable[[list[int]], str]
+FUTURE_TOKENS_CLIP = 4096
+
+
+class Scheduler:
+    """Owns the queues and the KV bookkeeping; the ModelRunner owns the weights."""
+
+    def __init__(
+        self,
+        *,
+        config: EngineConfig,
+        runner: ModelRunner,
+        decode: DecodeFn,
+        grammar: GrammarHooks | None = None,
+    ) -> None:
+        self.config = config
+        self.runner = runner
+        self.kv: KVManager = runner.kv_manager(disable_radix_cache=config.disable_radix_cache)
+        self.policy = SchedulePolicy(
+            policy=config.schedule_policy, kv=self.kv, fcfs_threshold=config.fcfs_queue_threshold
+        )
+        self.sampler = Sampler()
+        self.outputs = OutputBuilder(decode=decode)
+        self.grammar = grammar
+        self.waiting: list[Req] = []
+        self.compiling: list[Req] = []
+        self.running: list[Req] = []
+        self.chunked: Req | None = None
+        self.new_token_ratio = config.new_token_ratio
+        self._arrivals = 0
+        self._counters = {"prompt": 0, "generated": 0, "cache_hit": 0, "retracted": 0}
+
+    # --- requests in ------------------------------------------------------------------
+    def add_request(self, msg: TokenizedRequest) -> list[ReqOutput]:
+        """Queue a request; an invalid one comes straight back as an error output."""
+        self._arrivals += 1
+        req = Req(
+            rid=msg.rid,
+            input_ids=msg.input_ids,
+            params=msg.params,
+            eos_ids=self.runner.eos_ids,
+            group=msg.group,
+            arrival=self._arrivals,
+        )
+        error = self._validate(req)
+        if error is not None:
+            req.finish(FinishReason("error", message=error))
+            return [self.outputs.emit(req)]
+        if req.params.constraint is not None:
+            return self._add_constrained(req)
+        self.waiting.append(req)
+        return []
+
+    def _validate(self, req: Req) -> str | None:
+        try:
+            req.params.validate(vocab_size=self.runner.vocab_size)
+        except ValueError as exc:
+            return str(exc)
+        n, ctx = req.prompt_len, self.runner.context_len
+        total = n + req.params.max_new_tokens
+        if n == 0:
+            return "the prompt is empty"
+        if any(not 0 <= t < self.runner.vocab_size for t in req.origin_input_ids):
+            return "input_ids: token id out of the model's vocabulary"
+        if total > ctx:
+            return (
+                f"prompt ({n} tokens) + max_new_tokens ({req.params.max_new_tokens}) = {total} "
+                f"exceeds the model's context length of {ctx} tokens"
+            )
+        if total > self.kv.kv_pool.size:
+            return f"request needs {total} tokens; the whole KV pool holds {self.kv.kv_pool.size}"
+        return None
+
+    def _add_constrained(self, req: Req) -> list[ReqOutput]:
+        if self.grammar is None:
+            req.finish(FinishReason("error", message="constrained decoding is not available"))
+            return [self.outputs.emit(req)]
+        self.grammar.submit(req)
+        self.compiling.append(req)
+        return []
+
+    def _poll_grammars(self) -> list[ReqOutput]:
+        """Move requests whose grammar compiled to the queue; report the ones that failed."""
+        if self.grammar is None or not self.compiling:
+            return []
+        ready, failed = self.grammar.poll()
+        for req in ready + failed:
+            self.compiling.remove(req)
+        self.waiting.extend(ready)
+        return [self.outputs.emit(req) for req in failed]
+
+    def abort(self, rid: str) -> list[ReqOutput]:
+        """Stop a request wherever it is; its KV goes back to the cache or the pool."""
+        for queue in (self.waiting, self.running, self.compiling):
+            for req in queue:
+                if req.rid == rid:
+                    queue.remove(req)
+                    if req is self.chunked:
+                        self.chunked = None
+                    req.finish(FinishReason("abort", message="aborted"))
+                    self._release(req)
+                    return [self.outputs.emit(req)]
+        return []
+
+    def _release(self, req: Req) -> None:
+        self.kv.release(req, cache=True)
+        if self.grammar is not None and req.params.constraint is not None:
+            self.grammar.release(req)
+
+    def flush_cache(self) -> bool:
+        """Empty the radix cache; refused (False) while requests are in flight."""
+        if self.running or self.waiting:
+            return False
+        self.kv.flush()
+        return True
+
+    def fail_all(self, message: str) -> list[ReqOutput]:
+        """After an internal error: end every request with `message` and reset the cache."""
+        out = []
+        for req in self.waiting + self.running + self.compiling:
+            req.finish(FinishReason("error", message=message))
+            out.append(self.outputs.emit(req))
+            req.row = req.last_node = None
+            if self.grammar is not None and req.params.constraint is not None:
+                self.grammar.release(req)
+        self.waiting, self.running, self.compiling, self.chunked = [], [], [], None
+        self.kv.flush()
+        return out
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.compiling)
+
+    def stats(self) -> Stats:
+        pool = self.kv.kv_pool
+        return Stats(
+            running=len(self.running),
+            waiting=len(self.waiting),
+            kv_used_tokens=pool.size - pool.available_size() - self.kv.tree.evictable_size(),
+            kv_total_tokens=pool.size,
+            cache_hit_tokens=self._counters["cache_hit"],
+            prompt_tokens=self._counters["prompt"],
+            generated_tokens=self._counters["generated"],
+            extra={
+                "retracted": self._counters["retracted"],
+                "cached_tokens": self.kv.tree.total_size(),
+            },
+        )
+
+    # --- one step ---------------------------------------------------------------------
+    def step(self) -> list[ReqOutput]:
+        """Run one forward over a mixed batch; returns what each request produced."""
+        outputs = self._poll_grammars()
+        batch = self._schedule()
+        if not batch:
+            return outputs
+        fb = self._prepare(batch)
+        masks = self._begin_masks(batch)
+        logits = self.runner.forward(fb)
+        outputs += self._process(batch, logits, masks())
+        self.new_token_ratio = max(
+            self.config.min_new_token_ratio,
+            self.new_token_ratio - self.config.new_token_ratio_decay,
+        )
+        if self.config.check_integrity:
+            self.kv.check_integrity(self.running)
+        return outputs
+
+    def _schedule(self) -> list[Req]:
+        decodes = [r for r in self.running if r is not self.chunked]
+        for req in decodes:  # 1 token, or the tokens jump-forward appended
+            req.extend_len = req.seq_len - req.kv_len
+        decodes = self._reserve_decodes(decodes)
+        prefills = self._admit()
+        batch = prefills + decodes
+        batch.sort(key=lambda r: r.extend_len == 1)
+        return batch
+
+    def _reserve_decodes(self, decodes: list[Req]) -> list[Req]:
+        """Make room for one token per decoding request, retracting the newest if needed."""
+        while decodes and not self.kv.ensure_free_pages(self.kv.pages_for(decodes)):
+            victim = max(decodes, key=lambda r: r.arrival)
+            decodes.remove(victim)
+            self._retract(victim)
+        return decodes
+
+    def _retract(self, req: Req) -> None:
+        self.running.remove(req)
+        self.kv.release(req, cache=True)
+        req.extend_len = 0
+        self.waiting.append(req)
+        self._counters["retracted"] += 1
+        self.new_token_ratio = self.config.new_token_ratio
+
+    def _future_tokens(self, reqs: Sequence[Req]) -> int:
+        remaining = (
+            min(r.params.max_new_tokens - len(r.output_ids), FUTURE_TOKENS_CLIP) for r in reqs
+        )
+        return int(sum(remaining) * self.new_token_ratio)
+
+    def _admit(self) -> list[Req]:
+        """Prefill work for this step: the chunked request's next chunk, then new requests."""
+        budget = self.config.prefill_budget
+        admitted: list[Req] = []
+        planned = self.kv.pages_for(self.running) * self.kv.kv_pool.page_size
+        if self.chunked is not None:
+            req = self.chunked
+            req.extend_len = min(req.seq_len - req.kv_len, budget)
+            admitted.append(req)
+            planned += req.extend_len
+            if req.will_sample():
+                self.chunked = None
+            return admitted
+        future = self._future_tokens(self.running)
+        prefilling_groups = {r.group for r in self.running if not r.is_decoding()}
+        for req in self.policy.order(self.waiting) if self.waiting else []:
+            if len(self.running) >= self.config.max_running_requests or budget <= 0:
+                break
+            if req.group is not None and req.group in prefilling_groups:
+                continue
+            if not self.kv.req_pool.can_allocate():
+                break
+            first = not req.admitted_once
+            self.kv.admit(req, self.kv.match(req))
+            extend = req.seq_len - req.kv_len
+            need = planned + extend + future + self._future_tokens([req])
+            if need > self.kv.available_tokens():
+                self.kv.release(req, cache=False)
+                break
+            chunk = extend if not self.config.chunked_prefill_size else min(extend, budget)
+            if chunk < extend and budget < self.kv.kv_pool.page_size:
+                self.kv.release(req, cache=False)
+                break
+            req.extend_len = chunk
+            budget -= chunk
+            planned += chunk
+            future += self._future_tokens([req])
+            self.waiting.remove(req)
+            self.running.append(req)
+            admitted.append(req)
+            if first:
+                req.cached_tokens, req.admitted_once = req.kv_len, True
+                self._counters["cache_hit"] += req.cached_tokens
+                self._counters["prompt"] += req.prompt_len
+            prefilling_groups.add(req.group)
+            if chunk < extend:
+                self.chunked = req
+                break
+        return admitted
+
+    # --- forward inputs ---------------------------------------------------------------
+    def _prepare(self, batch: list[Req]) -> ForwardBatch:
+        ok = self.kv.ensure_free_pages(self.kv.pages_for(batch))
+        assert ok, "admission must have reserved the pages"
+        slots = self.kv.allocate(batch)
+        input_ids: list[int] = []
+        logit_indices: list[int] = []
+        for req in batch:
+            start = len(input_ids)
+            input_ids.extend(req_ids(req, req.kv_len, req.kv_len + req.extend_len))
+            for pos in self.outputs.input_logprob_positions(req):
+                logit_indices.append(start + pos - req.kv_len)
+            if req.will_sample():
+                logit_indices.append(start + req.extend_len - 1)
+        return ForwardBatch.build(
+            input_ids=input_ids,
+            out_slots=slots,
+            req_rows=[r.row for r in batch],  # type: ignore[misc]
+            prefix_lens=[r.kv_len for r in batch],
+            extend_lens=[r.extend_len for r in batch],
+            logit_indices=logit_indices,
+            req_to_token=self.kv.req_pool.table,
+        )
+
+    def _begin_masks(self, batch: list[Req]) -> Callable[[], torch.Tensor | None]:
+        """Start filling grammar masks for this step's sampling requests (in batch order)."""
+        sampling = [r for r in batch if r.will_sample() and r.params.max_new_tokens > 0]
+        if self.grammar is None or not any(r.grammar is not None for r in sampling):
+            return lambda: None
+        return self.grammar.begin_fill(sampling)
+
+    # --- results ----------------------------------------------------------------------
+    def _process(
+        self, batch: list[Req], logits: torch.Tensor, masks: torch.Tensor | None
+    ) -> list[ReqOutput]:
+        row = 0
+        sampling: list[Req] = []
+        sample_rows: list[int] = []
+        for req in batch:
+            n = len(self.outputs.input_logprob_positions(req))
+            if n:
+                self.outputs.record_input_logprobs(req, logits[row : row + n])
+            row += n
+            if req.will_sample():
+                sampling.append(req)
+                sample_rows.append(row)
+                row += 1
+        prefilled = [r for r in batch if r.extend_len > 1]
+        for req in batch:
+            req.kv_len += req.extend_len
+            req.extend_len = 0
+            self.outputs.mark_input_done(req)
+        self._sample(sampling, logits[sample_rows], masks)
+        for req in prefilled:
+            if req.finished is None:
+                self.kv.cache_prefix(req)
+        return self._retire(batch)
+
+    def _sample(self, reqs: list[Req], logits: torch.Tensor, masks: torch.Tensor | None) -> None:
+        active = [i for i, r in enumerate(reqs) if r.params.max_new_tokens > 0]
+        for req in reqs:
+            if req.params.max_new_tokens == 0:
+                req.finish(FinishReason("length"))
+        if not active:
+            return
+        reqs = [reqs[i] for i in active]
+        logits = logits[active]
+        if masks is not None:
+            rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
+            apply_token_bitmask(logits, masks.to(logits.device, non_blocking=True), indices=rows)
+        want = any(r.params.return_logprob for r in reqs)
+        result = self.sampler.sample(logits, reqs, want_logprobs=want)
+        for i, (req, token) in enumerate(zip(reqs, result.token_ids, strict=True)):
+            req.output_ids.append(token)
+            self._counters["generated"] += 1
+            if result.logprobs is not None and req.params.return_logprob:
+                self.outputs.record_output_logprob(req, result.logprobs[i], token)
+            if req.grammar is not None and self.grammar is not None:
+                self.grammar.accept(req, token)
+            req.check_finished(
+                context_len=self.runner.context_len, tail_text=self.outputs.tail_text(req)
+            )
+            if req.grammar is not None and req.finished is None:
+                self._jump_forward(req)
+
+    def _jump_forward(self, req: Req) -> None:
+        """Append the tokens the grammar forces; drop the KV of tokens it retokenized."""
+        if (
+            not (self.config.enable_jump_forward and req.params.jump_forward)
+            or req.params.return_logprob
+        ):
+            return
+        assert self.grammar is not None
+        max_rollback = min(len(req.output_ids), req.kv_len - req.cached_len + 1)
+        before = len(req.output_ids)
+        removed = self.grammar.jump_forward(req, max_rollback)
+        if removed:
+            kept = before - removed
+            self.kv.truncate(req, min(req.kv_len, req.prompt_len + kept))
+            if req.sent_len > kept:
+                req.rollback += req.sent_len - kept
+                req.sent_len = kept
+        req.check_finished(context_len=self.runner.context_len, tail_text=None)
+
+    def _retire(self, batch: list[Req]) -> list[ReqOutput]:
+        out: list[ReqOutput] = []
+        for req in batch:
+            if req.finished is not None:
+                self.running.remove(req)
+                self._release(req)
+            if req.finished is not None or len(req.output_ids) > req.sent_len:
+                out.append(self.outputs.emit(req))
+        return out
+
+
+def req_ids(req: Req, start: int, end: int) -> list[int]:
+    """Token ids [start, end) of prompt + output without copying the whole sequence."""
+    n = req.prompt_len
+    if start >= n:
+        return req.output_ids[start - n : end - n]
+    if end <= n:
+        return req.origin_input_ids[start:end]
+    return req.origin_input_ids[start:] + req.output_ids[: end - n]

@@ -1,0 +1,63 @@
+"""The scheduler's event loop, shared by the in-process thread and the server process.
+
+`recv` hands over incoming messages (blocking only when there is no work), `send` ships what
+each step produced. An exception inside a step fails the requests in flight with an error
+and resets the cache; the loop itself keeps serving.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from collections.abc import Callable
+
+from plait.backend.messages import (
+    AbortRequest,
+    BatchTokenOut,
+    ControlReply,
+    ControlRequest,
+    ReqOutput,
+    TokenizedRequest,
+)
+from plait.backend.scheduler import Scheduler
+
+log = logging.getLogger("plait.scheduler")
+Recv = Callable[[bool], list[object]]
+Send = Callable[[object], None]
+
+
+def handle_message(scheduler: Scheduler, msg: object, send: Send) -> list[ReqOutput]:
+    """Apply one incoming message; control replies are sent at once."""
+    if isinstance(msg, TokenizedRequest):
+        return scheduler.add_request(msg)
+    if isinstance(msg, AbortRequest):
+        return scheduler.abort(msg.rid)
+    if isinstance(msg, ControlRequest):
+        if msg.kind == "flush_cache":
+            send(ControlReply(msg.call_id, scheduler.flush_cache()))
+        elif msg.kind == "stats":
+            send(ControlReply(msg.call_id, scheduler.stats()))
+        else:
+            send(ControlReply(msg.call_id, ValueError(f"unknown control {msg.kind!r}")))
+        return []
+    raise TypeError(f"scheduler got an unknown message {type(msg).__name__}")
+
+
+def run_loop(
+    scheduler: Scheduler, *, recv: Recv, send: Send, should_stop: Callable[[], bool]
+) -> None:
+    """Serve until `should_stop()`; never dies on a bad request or a failed step."""
+    while not should_stop():
+        outputs: list[ReqOutput] = []
+        for msg in recv(not scheduler.has_work()):
+            try:
+                outputs.extend(handle_message(scheduler, msg, send))
+            except Exception:  # noqa: BLE001 - a bad message must not stop the loop
+                log.exception("bad message %r", type(msg).__name__)
+        try:
+            outputs.extend(scheduler.step())
+        except Exception as exc:  # noqa: BLE001 - fail the batch, keep serving
+            log.error("scheduler step failed:\n%s", traceback.format_exc())
+            outputs.extend(scheduler.fail_all(f"internal error: {exc!r}"))
+        if outputs:
+            send(BatchTokenOut(outputs))

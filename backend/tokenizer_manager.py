@@ -1,0 +1,233 @@
+"""The client side of the runtime: tokenize, track requests, assemble their results.
+
+Used by the in-process Engine and by the server's main process alike; only `send` (how a
+message reaches the scheduler) differs. Results arrive through `handle`, called from whatever
+thread receives the detokenizer's output, and are delivered to each request's sink.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from plait.backend.messages import (
+    AbortRequest,
+    BatchStrOut,
+    ControlReply,
+    ControlRequest,
+    ReqStrOut,
+    TokenizedRequest,
+)
+from plait.backend.sampling_params import SamplingParams
+
+Sink = Callable[[dict[str, Any]], None]
+
+
+@dataclass
+class RequestState:
+    """Everything received so far for one sequence."""
+
+    rid: str
+    stream: bool
+    sink: Sink
+    text: str = ""
+    output_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[tuple[float, int]] = field(default_factory=list)
+    output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    input_logprobs: list[tuple[float | None, int]] | None = None
+    input_top_logprobs: list[Any] | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    def update(self, item: ReqStrOut) -> dict[str, Any]:
+        """Fold one increment in; returns the increment as a result dict."""
+        out = item.out
+        if out.rollback:
+            del self.output_ids[len(self.output_ids) - out.rollback :]
+        self.text += item.text_delta
+        self.output_ids.extend(out.new_ids)
+        self.output_logprobs.extend(out.output_logprobs)
+        self.output_top_logprobs.extend(out.output_top_logprobs)
+        if out.input_logprobs is not None:
+            self.input_logprobs, self.input_top_logprobs = (
+                out.input_logprobs,
+                out.input_top_logprobs,
+            )
+        self.warnings.extend(out.warnings)
+        delta: dict[str, Any] = {
+            "rid": self.rid,
+            "text": item.text_delta,
+            "output_ids": list(out.new_ids),
+            "rollback": out.rollback,
+            "finish_reason": out.finish.to_dict() if out.finish else None,
+            "usage": _usage(item),
+            "logprobs": {
+                "output": list(out.output_logprobs),
+                "output_top": list(out.output_top_logprobs),
+            },
+            "warnings": list(out.warnings),
+        }
+        if out.input_logprobs is not None:
+            delta["logprobs"].update(input=out.input_logprobs, input_top=out.input_top_logprobs)
+        return delta
+
+    def result(self, item: ReqStrOut) -> dict[str, Any]:
+        out = item.out
+        return {
+            "rid": self.rid,
+            "text": self.text,
+            "output_ids": list(self.output_ids),
+            "finish_reason": out.finish.to_dict() if out.finish else None,
+            "usage": _usage(item),
+            "logprobs": {
+                "output": self.output_logprobs,
+                "output_top": self.output_top_logprobs,
+                "input": self.input_logprobs,
+                "input_top": self.input_top_logprobs,
+            },
+            "warnings": self.warnings,
+        }
+
+
+def _usage(item: ReqStrOut) -> dict[str, int]:
+    out = item.out
+    return {
+        "prompt_tokens": out.prompt_tokens,
+        "completion_tokens": out.completion_tokens,
+        "cached_tokens": out.cached_tokens,
+    }
+
+
+class TokenizerManager:
+    """Tokenizes requests, sends them on, and routes results back to their sinks."""
+
+    def __init__(
+        self, *, tokenizer: PreTrainedTokenizerBase, send: Callable[[object], None]
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.send = send
+        self.states: dict[str, RequestState] = {}
+        self.calls: dict[str, Future[Any]] = {}
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+
+    # --- tokenization -----------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=True))
+
+    def chat_ids(self, messages: Sequence[dict[str, Any]], **template_kwargs: Any) -> list[int]:
+        """Token ids of `messages` through the tokenizer's chat template (generation prompt on)."""
+        text = self.tokenizer.apply_chat_template(
+            list(messages), tokenize=False, add_generation_prompt=True, **template_kwargs
+        )
+        assert isinstance(text, str)
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    # --- requests ---------------------------------------------------------------------
+    def new_rid(self) -> str:
+        return f"{uuid.uuid4().hex[:12]}-{next(self._ids)}"
+
+    def submit(
+        self,
+        *,
+        input_ids: list[int],
+        params: SamplingParams,
+        sinks: Sequence[Sink],
+        stream: bool,
+        rid: str | None = None,
+    ) -> list[str]:
+        """Send one request; n > 1 becomes n sequences sharing the prompt, the i-th sample
+        delivered to `sinks[i]` (seeded with seed + i). Returns the sequences' rids."""
+        if len(sinks) != params.n:
+            raise ValueError(f"need one sink per sample: n={params.n}, got {len(sinks)}")
+        rid = rid or self.new_rid()
+        if params.n == 1:
+            return [self._send_one(rid, input_ids, params, sinks[0], stream, None)]
+        rids = []
+        for i, sink in enumerate(sinks):
+            seed = None if params.seed is None else params.seed + i
+            one = params.replace(n=1, seed=seed)
+            rids.append(self._send_one(f"{rid}.{i}", input_ids, one, sink, stream, rid))
+        return rids
+
+    def _send_one(
+        self,
+        rid: str,
+        ids: list[int],
+        params: SamplingParams,
+        sink: Sink,
+        stream: bool,
+        group: str | None,
+    ) -> str:
+        with self._lock:
+            if rid in self.states:
+                raise ValueError(f"request id {rid!r} is already in flight")
+            self.states[rid] = RequestState(rid=rid, stream=stream, sink=sink)
+        self.send(TokenizedRequest(rid=rid, input_ids=ids, params=params, group=group))
+        return rid
+
+    def abort(self, rid: str) -> None:
+        if rid in self.states:
+            self.send(AbortRequest(rid))
+
+    def control(self, kind: str) -> Future[Any]:
+        call_id = uuid.uuid4().hex
+        fut: Future[Any] = Future()
+        with self._lock:
+            self.calls[call_id] = fut
+        self.send(ControlRequest(call_id, kind))
+        return fut
+
+    # --- results ----------------------------------------------------------------------
+    def handle(self, msg: object) -> None:
+        """Deliver a BatchStrOut or ControlReply (called on the receiving thread)."""
+        if isinstance(msg, ControlReply):
+            with self._lock:
+                fut = self.calls.pop(msg.call_id, None)
+            if fut is not None:
+                fut.set_result(msg.value)
+            return
+        assert isinstance(msg, BatchStrOut), type(msg)
+        for item in msg.outputs:
+            self._deliver(item)
+
+    def _deliver(self, item: ReqStrOut) -> None:
+        state = self.states.get(item.out.rid)
+        if state is None:
+            return
+        delta = state.update(item)
+        done = item.out.finish is not None
+        if done:
+            with self._lock:
+                self.states.pop(item.out.rid, None)
+        if state.stream:
+            state.sink(delta)
+        elif done:
+            state.sink(state.result(item))
+
+    def fail_all(self, message: str) -> None:
+        """The runtime died: end every request in flight with an error."""
+        with self._lock:
+            states, self.states = list(self.states.values()), {}
+            calls, self.calls = list(self.calls.values()), {}
+        for state in states:
+            state.sink(
+                {
+                    "rid": state.rid,
+                    "text": "",
+                    "output_ids": [],
+                    "rollback": 0,
+                    "finish_reason": {"type": "error", "message": message},
+                    "usage": None,
+                    "logprobs": {},
+                    "warnings": [],
+                }
+            )
+        for fut in calls:
+            fut.set_exception(RuntimeError(message))

@@ -1,0 +1,23 @@
+"""Shared pytest setup: the Triton interpreter on CPU, one torch thread."""
+
+from __future__ import annotations
+
+import os
+
+# Must be set before any Triton kernel is defined (i.e. before plait.kernels is imported).
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip `@pytest.mark.gpu` tests when CUDA is absent."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -1,0 +1,147 @@
+"""Engine behaviour: memory pressure, errors, streaming, stops, n>1, seeds, logprobs."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from helpers import greedy, tiny_engine
+from plait.backend.engine import Engine, GenerationError
+
+
+@pytest.fixture(scope="module")
+def engine() -> Engine:
+    with tiny_engine() as eng:
+        yield eng
+
+
+def test_retraction_under_kv_pressure_loses_nothing() -> None:
+    prompts = [[5 + i] * 30 + list(range(100, 120)) for i in range(8)]
+    params = greedy(60, ignore_eos=True)
+    with tiny_engine() as roomy:
+        expected = [
+            o["output_ids"] for o in roomy.generate(input_ids=prompts, sampling_params=params)
+        ]
+    with tiny_engine(kv_tokens=260, new_token_ratio=0.0, min_new_token_ratio=0.0) as tight:
+        got = [o["output_ids"] for o in tight.generate(input_ids=prompts, sampling_params=params)]
+        assert tight.stats().extra["retracted"] > 0
+    assert got == expected
+    assert all(len(ids) == 60 for ids in got)
+
+
+def test_too_long_requests_get_clear_errors(engine: Engine) -> None:
+    with pytest.raises(GenerationError, match="context length"):
+        engine.generate(input_ids=[7] * 4000, sampling_params=greedy(200))
+    with tiny_engine(kv_tokens=100) as small, pytest.raises(GenerationError, match="KV pool"):
+        small.generate(input_ids=[7] * 90, sampling_params=greedy(20))
+    with pytest.raises(GenerationError, match="empty"):
+        engine.generate(input_ids=[], sampling_params=greedy(2))
+    with pytest.raises(GenerationError, match="vocabulary"):
+        engine.generate(input_ids=[10**6], sampling_params=greedy(2))
+    with pytest.raises(GenerationError, match="temperature"):
+        engine.generate("hi", {"temperature": -1})
+    with pytest.raises(GenerationError, match="unknown field"):
+        engine.generate("hi", {"max_tokens": 3})
+    # the engine still serves
+    assert engine.generate("hi", greedy(3))["usage"]["completion_tokens"] == 3
+
+
+def test_stream_increments_concatenate_to_the_full_text(engine: Engine) -> None:
+    full = engine.generate("Streaming test", greedy(20, ignore_eos=True))
+    parts = list(engine.generate("Streaming test", greedy(20, ignore_eos=True), stream=True))
+    assert "".join(p["text"] for p in parts) == full["text"]
+    assert sum((p["output_ids"] for p in parts), []) == full["output_ids"]
+    assert parts[-1]["finish_reason"] == {"type": "length"}
+    assert all(p["finish_reason"] is None for p in parts[:-1])
+
+
+def test_async_generate_and_stream(engine: Engine) -> None:
+    async def main() -> tuple[list[dict], list[dict]]:
+        outs = await asyncio.gather(
+            *(engine.async_generate(f"q{i}", greedy(5, ignore_eos=True)) for i in range(6))
+        )
+        stream = await engine.async_generate("q0", greedy(5, ignore_eos=True), stream=True)
+        return list(outs), [d async for d in stream]
+
+    outs, parts = asyncio.run(main())
+    assert [len(o["output_ids"]) for o in outs] == [5] * 6
+    assert sum((p["output_ids"] for p in parts), []) == outs[0]["output_ids"]
+
+
+def test_stop_strings_token_ids_and_min_tokens(engine: Engine) -> None:
+    base = engine.generate("Stops", greedy(30, ignore_eos=True))
+    text, ids = base["text"], base["output_ids"]
+    stop = text[5:8]
+    cut = engine.generate("Stops", greedy(30, ignore_eos=True, stop=[stop]))
+    assert cut["text"] == text[: text.find(stop)]
+    assert cut["finish_reason"] == {"type": "stop", "matched": stop}
+    tok = ids[4]
+    first = ids.index(tok)
+    stopped = engine.generate("Stops", greedy(30, stop_token_ids=[tok]))
+    assert stopped["output_ids"] == ids[: first + 1]
+    assert stopped["finish_reason"] == {"type": "stop", "matched": tok}
+    late = engine.generate("Stops", greedy(30, stop_token_ids=[tok], min_new_tokens=first + 2))
+    assert tok not in late["output_ids"][: first + 2]
+
+
+def test_n_samples_share_the_prompt_and_seeds_reproduce(engine: Engine) -> None:
+    prompt = "A shared prompt for parallel samples " * 4
+    params = {"max_new_tokens": 12, "temperature": 1.0, "seed": 11, "n": 3, "ignore_eos": True}
+    outs = engine.generate(prompt, params)
+    assert len(outs) == 3
+    assert len({tuple(o["output_ids"]) for o in outs}) == 3
+    prompt_len = outs[0]["usage"]["prompt_tokens"]
+    assert [o["usage"]["cached_tokens"] >= prompt_len - 1 for o in outs[1:]] == [True, True]
+    again = engine.generate(prompt, {**params, "n": 1, "seed": 12})
+    assert again["output_ids"] == outs[1]["output_ids"]
+    mixed = engine.generate(["other", prompt, "x y z"], {**params, "n": 1, "seed": 12})
+    assert mixed[1]["output_ids"] == outs[1]["output_ids"]
+
+
+def test_logprobs_match_a_plain_forward(engine: Engine) -> None:
+    prompt_ids = list(range(300, 320))
+    out = engine.generate(
+        input_ids=prompt_ids,
+        sampling_params=greedy(4, return_logprob=True, top_logprobs_num=3, logprob_start_len=5),
+    )
+    model = engine.runtime.runner.model
+    seq = prompt_ids + out["output_ids"]
+    import transformers
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(engine.runtime.runner.model_path).eval()
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(torch.tensor([seq])).logits[0].float(), -1)
+    lp = out["logprobs"]
+    assert [t for _, t in lp["input"]] == prompt_ids[5:]
+    want_in = [ref[p - 1, prompt_ids[p]].item() for p in range(5, 20)]
+    assert lp["input"][0][0] == pytest.approx(want_in[0], abs=1e-4)
+    assert [v for v, _ in lp["input"]] == pytest.approx(want_in, abs=1e-4)
+    want_out = [ref[19 + i, t].item() for i, t in enumerate(out["output_ids"])]
+    assert [v for v, _ in lp["output"]] == pytest.approx(want_out, abs=1e-4)
+    assert [t for _, t in lp["output"]] == out["output_ids"]
+    assert [top[0][1] for top in lp["output_top"]] == out["output_ids"]  # greedy = top-1
+    assert len(lp["input_top"]) == 15 and len(lp["input_top"][0]) == 3
+    assert model is engine.runtime.runner.model
+
+
+def test_prefill_only_request_caches_the_prompt(engine: Engine) -> None:
+    ids = list(range(1000, 1100))
+    first = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 0})
+    assert first["output_ids"] == [] and first["finish_reason"] == {"type": "length"}
+    second = engine.generate(input_ids=ids + [5, 6], sampling_params=greedy(1))
+    assert second["usage"]["cached_tokens"] == 100
+
+
+def test_abort_frees_kv_and_flush(engine: Engine) -> None:
+    stream = engine.generate("abort me", greedy(500, ignore_eos=True), stream=True)
+    next(stream)
+    stream.close()  # closing the iterator aborts the request
+    for _ in range(100):
+        if engine.stats().running == 0:
+            break
+    assert engine.stats().running == 0
+    assert engine.flush_cache()
+    stats = engine.stats()
+    assert stats.kv_used_tokens == 0 and stats.extra["cached_tokens"] == 0
