@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 
@@ -42,7 +43,7 @@ class ForwardBatch:
             for name in self.__dataclass_fields__
             if isinstance(value := getattr(self, name), torch.Tensor)
         }
-        return dataclasses.replace(self, **moved)
+        return dataclasses.replace(self, **cast(dict[str, Any], moved))
 
     @classmethod
     def build(

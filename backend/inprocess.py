@@ -10,11 +10,8 @@ import torch
 
 from plait.backend.config import EngineConfig
 from plait.backend.detokenizer import Detokenizer
-from plait.backend.grammar_api import GrammarHooks
 from plait.backend.messages import BatchStrOut, BatchTokenOut
-from plait.backend.model_runner import ModelRunner
-from plait.backend.scheduler import Scheduler
-from plait.backend.scheduler_loop import run_loop
+from plait.backend.scheduler_loop import build_scheduler, run_loop
 from plait.backend.tokenizer_utils import make_decoder
 
 
@@ -24,18 +21,9 @@ class InProcessRuntime:
 
     def __init__(self, *, config: EngineConfig, deliver: Callable[[object], None]) -> None:
         torch.set_num_threads(config.num_threads)
-        self.runner = ModelRunner(config)
-        from plait.backend.loader import load_tokenizer
-
-        self.tokenizer = load_tokenizer(self.runner.model_path)
-        decode = make_decoder(self.tokenizer)
-        self.scheduler = Scheduler(
-            config=config,
-            runner=self.runner,
-            decode=lambda ids: decode(ids, True),
-            grammar=make_grammar(config, self.tokenizer, self.runner.vocab_size),
-        )
-        self.detokenizer = Detokenizer(decode=decode)
+        self.scheduler, self.tokenizer = build_scheduler(config)
+        self.runner = self.scheduler.runner
+        self.detokenizer = Detokenizer(decode=make_decoder(self.tokenizer))
         self._deliver = deliver
         self._inbox: queue.Queue[object] = queue.Queue()
         self._stop = threading.Event()
@@ -68,8 +56,3 @@ class InProcessRuntime:
     def _run(self) -> None:
         torch.set_num_threads(self.scheduler.config.num_threads)
         run_loop(self.scheduler, recv=self._recv, send=self._send, should_stop=self._stop.is_set)
-
-
-def make_grammar(config: EngineConfig, tokenizer: object, vocab_size: int) -> GrammarHooks | None:
-    """The grammar backend for constrained requests (None until it is available)."""
-    return None

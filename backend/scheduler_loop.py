@@ -11,6 +11,11 @@ import logging
 import traceback
 from collections.abc import Callable
 
+from transformers import PreTrainedTokenizerBase
+
+from plait.backend.config import EngineConfig
+from plait.backend.grammar import make_grammar
+from plait.backend.loader import load_tokenizer
 from plait.backend.messages import (
     AbortRequest,
     BatchTokenOut,
@@ -19,11 +24,28 @@ from plait.backend.messages import (
     ReqOutput,
     TokenizedRequest,
 )
+from plait.backend.model_runner import ModelRunner
 from plait.backend.scheduler import Scheduler
+from plait.backend.tokenizer_utils import make_decoder
 
 log = logging.getLogger("plait.scheduler")
 Recv = Callable[[bool], list[object]]
 Send = Callable[[object], None]
+
+
+def build_scheduler(config: EngineConfig) -> tuple[Scheduler, PreTrainedTokenizerBase]:
+    """Load the model and tokenizer and assemble a Scheduler (in whichever process owns the
+    device)."""
+    runner = ModelRunner(config)
+    tokenizer = load_tokenizer(runner.model_path)
+    decode = make_decoder(tokenizer)
+    scheduler = Scheduler(
+        config=config,
+        runner=runner,
+        decode=lambda ids: decode(ids, True),
+        grammar=make_grammar(config, tokenizer, runner.vocab_size),
+    )
+    return scheduler, tokenizer
 
 
 def handle_message(scheduler: Scheduler, msg: object, send: Send) -> list[ReqOutput]:
