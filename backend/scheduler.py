@@ -9,6 +9,7 @@ server's scheduler process; only the I/O around `add_request`/`step` differs.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 
 import torch
@@ -55,7 +56,8 @@ class Scheduler:
         self.chunked: Req | None = None
         self.new_token_ratio = config.new_token_ratio
         self._arrivals = 0
-        self._counters = {"prompt": 0, "generated": 0, "cache_hit": 0, "retracted": 0}
+        self._counters = {"prompt": 0, "generated": 0, "cache_hit": 0, "retracted": 0, "steps": 0}
+        self._busy_s = 0.0
 
     # --- requests in ------------------------------------------------------------------
     def add_request(self, msg: TokenizedRequest) -> list[ReqOutput]:
@@ -169,6 +171,8 @@ class Scheduler:
             generated_tokens=self._counters["generated"],
             extra={
                 "retracted": self._counters["retracted"],
+                "steps": self._counters["steps"],
+                "busy_s": self._busy_s,
                 "cached_tokens": self.kv.tree.total_size(),
             },
         )
@@ -177,6 +181,7 @@ class Scheduler:
     def step(self) -> list[ReqOutput]:
         """Run one forward over a mixed batch; returns what each request produced."""
         outputs = self._poll_grammars()
+        start = time.perf_counter()
         batch = self._schedule()
         if not batch:
             return outputs
@@ -190,6 +195,8 @@ class Scheduler:
         )
         if self.config.check_integrity:
             self.kv.check_integrity(self.running)
+        self._busy_s += time.perf_counter() - start
+        self._counters["steps"] += 1
         return outputs
 
     def _schedule(self) -> list[Req]:

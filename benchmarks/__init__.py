@@ -1,0 +1,1 @@
+"""plait's benchmarks: `make bench` (or `python -m benchmarks.<name>`)."""

@@ -1,0 +1,88 @@
+"""`LocalBackend`: programs run on an in-process Engine (default model plait-tiny)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from plait.backend.engine import Engine
+from plait.chat_template import ChatTemplate
+from plait.clients.base import Backend, ChoiceLogprobs, GenOutput, OnText
+
+
+class LocalBackend(Backend):
+    """An `Engine` in this process; `engine_config` are `EngineConfig` fields."""
+
+    def __init__(
+        self, model: str | None = None, *, engine: Engine | None = None, **engine_config: Any
+    ):
+        self.engine = engine or Engine(model, **engine_config)
+        self._owns_engine = engine is None
+        tok = self.engine.tokenizer
+        self._template = ChatTemplate.from_jinja(
+            getattr(tok, "chat_template", None),
+            bos_token=tok.bos_token or "",
+            eos_token=tok.eos_token or "",
+        )
+        self._bos = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+
+    @property
+    def chat_template(self) -> ChatTemplate:
+        return self._template
+
+    async def generate(
+        self, text: str, params: dict[str, Any], *, on_text: OnText | None = None
+    ) -> GenOutput:
+        if on_text is None:
+            out = await self.engine.async_generate(text, params)
+            return GenOutput(out["text"], _meta(out))
+        stream = await self.engine.async_generate(text, params, stream=True)
+        pieces: list[str] = []
+        last: dict[str, Any] = {}
+        async for delta in stream:
+            if delta["text"]:
+                pieces.append(delta["text"])
+                on_text(delta["text"])
+            last = delta
+        return GenOutput("".join(pieces), _meta(last))
+
+    async def score(
+        self, prefix: str, choices: Sequence[str], *, unconditional: bool = False
+    ) -> list[ChoiceLogprobs]:
+        tok = self.engine.tokenizer
+        prefix_ids = list(tok.encode(prefix, add_special_tokens=True))
+        choice_ids = [list(tok.encode(c, add_special_tokens=False)) for c in choices]
+        cond = await self._logprobs([prefix_ids + c for c in choice_ids], len(prefix_ids))
+        uncond: list[list[float] | None] = [None] * len(choices)
+        if unconditional:
+            uncond = [
+                lp for lp, _ in await self._logprobs([[self._bos, *c] for c in choice_ids], 1)
+            ]
+        return [
+            ChoiceLogprobs(lp, un, cached) for (lp, cached), un in zip(cond, uncond, strict=True)
+        ]
+
+    async def _logprobs(self, batch: list[list[int]], start: int) -> list[tuple[list[float], int]]:
+        """Prompt-token logprobs from position `start` on, and the cached-token count."""
+        params = {"max_new_tokens": 0, "return_logprob": True, "logprob_start_len": start}
+        outs = await self.engine.async_generate(input_ids=batch, sampling_params=params)
+        return [
+            ([lp for lp, _ in o["logprobs"]["input"]], o["usage"]["cached_tokens"]) for o in outs
+        ]
+
+    async def cache_prefix(self, text: str) -> dict[str, Any]:
+        out = await self.engine.async_generate(text, {"max_new_tokens": 0})
+        return dict(out["usage"])
+
+    def close(self) -> None:
+        if self._owns_engine:
+            self.engine.shutdown()
+
+
+def _meta(out: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "finish_reason": out.get("finish_reason"),
+        "usage": out.get("usage"),
+        "logprobs": out.get("logprobs"),
+        "warnings": out.get("warnings", []),
+    }

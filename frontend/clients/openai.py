@@ -1,0 +1,175 @@
+"""`OpenAIBackend`: programs on any OpenAI-compatible server (chat templates server-side).
+
+Role text is kept in the state as ChatML markers and turned back into `messages` for each
+request. What the OpenAI API cannot express is refused with a clear error: regex and EBNF
+constraints, prompt-token scoring. `select` becomes a JSON-schema enum over the choices,
+`json_schema` and `json_object` become `response_format`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+
+from plait.chat_template import CHATML, ChatTemplate
+from plait.clients.base import Backend, ChoiceLogprobs, GenOutput, OnText, UnsupportedError
+from plait.clients.http import HttpError
+
+TURN = re.compile(r"<\|im_start\|>(system|user|assistant)\n(.*?)(<\|im_end\|>\n|$)", re.S)
+UNSUPPORTED = {"regex": "a regex", "ebnf": "an EBNF grammar"}
+OPENAI_NAMES = {
+    "max_new_tokens": "max_tokens",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "stop": "stop",
+    "seed": "seed",
+    "frequency_penalty": "frequency_penalty",
+    "presence_penalty": "presence_penalty",
+}
+
+
+class OpenAIBackend(Backend):
+    """Chat completions when the program uses roles, completions otherwise."""
+
+    def __init__(
+        self, base_url: str, model: str, api_key: str | None = None, *, timeout: float = 600.0
+    ):
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.timeout = timeout
+        self._template = ChatTemplate.from_jinja(CHATML)
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient]
+        self._clients = weakref.WeakKeyDictionary()
+
+    @property
+    def chat_template(self) -> ChatTemplate:
+        return self._template
+
+    def _client(self) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        if loop not in self._clients:
+            self._clients[loop] = httpx.AsyncClient(headers=self.headers, timeout=self.timeout)
+        return self._clients[loop]
+
+    async def generate(
+        self, text: str, params: dict[str, Any], *, on_text: OnText | None = None
+    ) -> GenOutput:
+        body = self._body(text, params)
+        path = "/chat/completions" if "messages" in body else "/completions"
+        if on_text is not None:
+            return await self._stream(path, {**body, "stream": True}, on_text)
+        resp = await self._client().post(self.base_url + path, json=body)
+        _check(resp)
+        data = resp.json()
+        choice = data["choices"][0]
+        content = choice["message"]["content"] if "message" in choice else choice["text"]
+        return GenOutput(content or "", _meta(choice, data.get("usage")))
+
+    async def _stream(self, path: str, body: dict[str, Any], on_text: OnText) -> GenOutput:
+        pieces: list[str] = []
+        choice: dict[str, Any] = {}
+        async with self._client().stream("POST", self.base_url + path, json=body) as resp:
+            if resp.status_code != 200:
+                await resp.aread()
+                _check(resp)
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:") or line.strip() == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[5:])
+                if not chunk.get("choices"):
+                    continue
+                choice = chunk["choices"][0]
+                piece = choice.get("delta", {}).get("content") or choice.get("text") or ""
+                if piece:
+                    pieces.append(piece)
+                    on_text(piece)
+        return GenOutput("".join(pieces), _meta(choice, None))
+
+    def _body(self, text: str, params: dict[str, Any]) -> dict[str, Any]:
+        for key, what in UNSUPPORTED.items():
+            if params.get(key) is not None:
+                raise UnsupportedError(
+                    f"the OpenAI API cannot constrain output to {what}; "
+                    "use a plait or SGLang server (HttpBackend)"
+                )
+        body: dict[str, Any] = {"model": self.model}
+        body.update({OPENAI_NAMES[k]: v for k, v in params.items() if k in OPENAI_NAMES})
+        if params.get("json_schema") is not None:
+            schema = json.loads(params["json_schema"])
+            body["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "output", "schema": schema},
+            }
+        elif params.get("json_object"):
+            body["response_format"] = {"type": "json_object"}
+        if params.get("choices"):
+            raise UnsupportedError("gen(choices=...) needs a plait server; use plait.select")
+        messages = to_messages(text)
+        if messages is None:
+            body["prompt"] = text
+        else:
+            body["messages"] = messages
+        return body
+
+    async def score(
+        self, prefix: str, choices: Sequence[str], *, unconditional: bool = False
+    ) -> list[ChoiceLogprobs]:
+        raise UnsupportedError("the OpenAI chat API does not return prompt-token logprobs")
+
+    async def select(
+        self, prefix: str, choices: Sequence[str], *, method: str
+    ) -> tuple[int, dict[str, Any]]:
+        """Ask for one of `choices` through a JSON-schema enum (no likelihood scores)."""
+        schema = {"type": "string", "enum": list(choices)}
+        params = {"json_schema": json.dumps(schema), "temperature": 0.0, "max_new_tokens": 64}
+        out = await self.generate(prefix, params)
+        value = json.loads(out.text)
+        if value not in choices:
+            raise HttpError(f"server answered {value!r}, not one of {list(choices)}")
+        return list(choices).index(value), {
+            "method": "json_schema_enum",
+            "usage": out.meta["usage"],
+        }
+
+    async def cache_prefix(self, text: str) -> dict[str, Any]:
+        return {}  # the OpenAI API has no explicit prefix caching; servers cache on their own
+
+
+def to_messages(text: str) -> list[dict[str, str]] | None:
+    """ChatML text -> messages, or None if the text has no roles. The text must end in an
+    open assistant turn with nothing generated yet (the API cannot continue a partial one)."""
+    turns = list(TURN.finditer(text))
+    if not turns:
+        return None
+    last = turns[-1]
+    if last.group(1) != "assistant" or last.group(3) or last.group(2):
+        raise UnsupportedError("OpenAIBackend generates only at the start of an assistant turn")
+    return [{"role": m.group(1), "content": m.group(2)} for m in turns[:-1]]
+
+
+def _meta(choice: dict[str, Any], usage: dict[str, Any] | None) -> dict[str, Any]:
+    reason = choice.get("finish_reason")
+    usage = usage or {}
+    details = usage.get("prompt_tokens_details") or {}
+    return {
+        "finish_reason": {"type": reason} if reason else None,
+        "usage": {
+            "prompt_tokens": usage.get("prompt_tokens", 0),
+            "completion_tokens": usage.get("completion_tokens", 0),
+            "cached_tokens": details.get("cached_tokens", 0),
+        },
+        "logprobs": choice.get("logprobs"),
+        "warnings": [],
+    }
+
+
+def _check(resp: httpx.Response) -> None:
+    if resp.status_code != 200:
+        raise HttpError(f"HTTP {resp.status_code} from {resp.request.url}: {resp.text}")

@@ -1,0 +1,257 @@
+"""Executes a program state's IR nodes in order, as one asyncio task per state.
+
+`s += node` only queues the node; the state's task sends it to the backend. Variables become
+readable as soon as their node has run; a failed node fails the state with an error that
+names the program line that added it, and every later read raises that error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from plait.clients.base import Backend
+from plait.ir import Gen, Node, RoleBegin, RoleEnd, Select, Text, Where
+
+TextEvent = tuple[str | None, str | None]  # (variable or None, text); (None, None) = finished
+Listener = Callable[[TextEvent], None]
+
+
+class ProgramError(RuntimeError):
+    """A node of the program failed; the message starts with the program's line."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A state's contents at a fork point."""
+
+    text: str
+    variables: dict[str, Any]
+    meta: dict[str, Any]
+    messages: list[dict[str, str]]
+    roles: list[tuple[str, int]]
+
+
+@dataclass(frozen=True)
+class ForkPoint(Node):
+    """Internal node: snapshot the state for its branches (after caching the prefix)."""
+
+    snapshot: asyncio.Future[Snapshot]
+
+
+@dataclass(frozen=True)
+class JoinPoint(Node):
+    """Internal node: wait for branches and gather their new variables as lists."""
+
+    branches: tuple[StateExecutor, ...]
+
+
+class StateExecutor:
+    """The running half of a ProgramState: text, variables and the node queue."""
+
+    def __init__(
+        self,
+        *,
+        backend: Backend,
+        defaults: dict[str, Any],
+        stream: bool,
+        parent: asyncio.Future[Snapshot] | None = None,
+    ) -> None:
+        self.backend, self.defaults, self.stream = backend, defaults, stream
+        self.text = ""
+        self.variables: dict[str, Any] = {}
+        self.meta: dict[str, Any] = {}
+        self.messages: list[dict[str, str]] = []
+        self.roles: list[tuple[str, int]] = []
+        self.error: BaseException | None = None
+        self.listeners: list[Listener] = []
+        self.events: list[TextEvent] = []  # every text event so far, for late listeners
+        self._queue: asyncio.Queue[Node | None] = asyncio.Queue()
+        self._waiters: dict[str, list[asyncio.Future[Any]]] = {}
+        self._closed = False
+        self.finished = asyncio.Event()
+        self.task = asyncio.get_running_loop().create_task(self._run(parent))
+
+    # --- called from program bodies (on the loop thread) ------------------------------
+    def submit(self, node: Node) -> None:
+        if self._closed:
+            raise RuntimeError("this program state is finished; it takes no more text")
+        self._queue.put_nowait(node)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._queue.put_nowait(None)
+
+    async def wait_var(self, name: str) -> Any:
+        if name in self.variables:
+            return self.variables[name]
+        self._raise_if_failed()
+        if self.finished.is_set():
+            raise KeyError(f"the program set no variable {name!r}")
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(name, []).append(fut)
+        return await fut
+
+    async def wait_idle(self) -> None:
+        """Until every node submitted so far has run."""
+        await self._queue.join()
+        self._raise_if_failed()
+
+    def _raise_if_failed(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    # --- the task ---------------------------------------------------------------------
+    async def _run(self, parent: asyncio.Future[Snapshot] | None) -> None:
+        try:
+            if parent is not None:
+                self._restore(await parent)
+        except BaseException as exc:  # noqa: BLE001 - the branch fails with its parent
+            self._fail(exc, None)
+        try:
+            while True:
+                node = await self._queue.get()
+                try:
+                    if node is None:
+                        return
+                    await self._step(node)
+                finally:
+                    self._queue.task_done()
+        finally:
+            self._finish()
+
+    async def _step(self, node: Node) -> None:
+        if self.error is not None:
+            if isinstance(node, ForkPoint):
+                node.snapshot.set_exception(self.error)
+            return
+        try:
+            await self._execute(node)
+        except Exception as exc:  # noqa: BLE001 - reported with the program's line
+            self._fail(exc, getattr(node, "where", None))
+            if isinstance(node, ForkPoint) and not node.snapshot.done():
+                node.snapshot.set_exception(self.error or exc)
+
+    async def _execute(self, node: Node) -> None:
+        if isinstance(node, Text):
+            self._append(node.value, None)
+        elif isinstance(node, Gen):
+            await self._gen(node)
+        elif isinstance(node, Select):
+            await self._select(node)
+        elif isinstance(node, RoleBegin):
+            self._append(self.backend.chat_template.prefix(node.role), None)
+            self.roles.append((node.role, len(self.text)))
+        elif isinstance(node, RoleEnd):
+            self._end_role(node.role)
+        elif isinstance(node, ForkPoint):
+            if self.text:
+                await self.backend.cache_prefix(self.text)
+            node.snapshot.set_result(self._snapshot())
+        elif isinstance(node, JoinPoint):
+            await self._join(node.branches)
+        else:
+            raise TypeError(f"unknown node {type(node).__name__}")
+
+    async def _gen(self, node: Gen) -> None:
+        params = {**self.defaults, **node.params}
+        on_text = (lambda t: self._emit(node.name, t)) if self.stream else None
+        out = await self.backend.generate(self.text, params, on_text=on_text)
+        reason = out.meta.get("finish_reason") or {}
+        if reason.get("type") == "error":
+            raise ProgramError(reason.get("message", "generation failed"))
+        self._append(out.text, node.name, emit=not self.stream)
+        if node.name is not None:
+            self._set(node.name, parse_value(out.text, node.dtype, reason), out.meta)
+
+    async def _select(self, node: Select) -> None:
+        index, meta = await self.backend.select(self.text, node.choices, method=node.method)
+        self._append(node.choices[index], node.name)
+        if node.name is not None:
+            self._set(node.name, node.choices[index], meta)
+
+    def _end_role(self, role: str) -> None:
+        if not self.roles or self.roles[-1][0] != role:
+            raise ProgramError(f"role {role!r} ended but {self.roles[-1:]} is open")
+        _, start = self.roles.pop()
+        self.messages.append({"role": role, "content": self.text[start:]})
+        self._append(self.backend.chat_template.suffix(role), None)
+
+    async def _join(self, branches: tuple[StateExecutor, ...]) -> None:
+        for branch in branches:
+            branch.close()
+        await asyncio.gather(*(b.finished.wait() for b in branches))
+        for i, branch in enumerate(branches):
+            branch._raise_if_failed()
+            for name, value in branch.variables.items():
+                if name not in self.variables or isinstance(self.variables[name], list):
+                    self.variables.setdefault(name, [None] * len(branches))[i] = value
+                    self.meta.setdefault(name, [None] * len(branches))[i] = branch.meta[name]
+
+    # --- state changes ----------------------------------------------------------------
+    def _append(self, text: str, var: str | None, *, emit: bool = True) -> None:
+        self.text += text
+        if emit:
+            self._emit(var, text)
+
+    def _emit(self, var: str | None, text: str) -> None:
+        self.events.append((var, text))
+        for listener in self.listeners:
+            listener((var, text))
+
+    def _set(self, name: str, value: Any, meta: dict[str, Any]) -> None:
+        self.variables[name] = value
+        self.meta[name] = meta
+        for fut in self._waiters.pop(name, []):
+            if not fut.done():
+                fut.set_result(value)
+
+    def _fail(self, exc: BaseException, where: Where | None) -> None:
+        if self.error is not None:
+            return
+        if where is not None and not isinstance(exc, ProgramError | KeyError):
+            exc = ProgramError(f"{where}: {type(exc).__name__}: {exc}")
+        elif where is not None:
+            exc = ProgramError(f"{where}: {exc}")
+        self.error = exc
+        for futs in self._waiters.values():
+            for fut in futs:
+                if not fut.done():
+                    fut.set_exception(exc)
+        self._waiters.clear()
+
+    def _finish(self) -> None:
+        for name, futs in self._waiters.items():
+            for fut in futs:
+                if not fut.done():
+                    fut.set_exception(KeyError(f"the program set no variable {name!r}"))
+        self._waiters.clear()
+        self.finished.set()
+        for listener in self.listeners:
+            listener((None, None))
+
+    def _snapshot(self) -> Snapshot:
+        return Snapshot(
+            self.text, dict(self.variables), dict(self.meta), list(self.messages), list(self.roles)
+        )
+
+    def _restore(self, snap: Snapshot) -> None:
+        self.text, self.variables, self.meta = snap.text, dict(snap.variables), dict(snap.meta)
+        self.messages, self.roles = list(snap.messages), list(snap.roles)
+
+
+def parse_value(text: str, dtype: Any, reason: dict[str, Any]) -> Any:
+    """The Python value of a gen: its text, or parsed into `dtype`."""
+    if dtype is None or dtype is str:
+        return text
+    if reason.get("type") == "length":
+        raise ProgramError(f"output stopped at max_tokens before it was a complete {dtype}")
+    if dtype is bool:
+        return text.strip() == "True"
+    if dtype in (int, float):
+        return dtype(text.strip())
+    return dtype.model_validate(json.loads(text, strict=False))
