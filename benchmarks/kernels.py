@@ -1,0 +1,314 @@
+"""Kernel micro-benchmarks: the dispatched path vs the torch reference (and xgrammar on CPU).
+
+    python benchmarks/kernels.py [--quick] [--peak-gbps 4800] [--threads 1]
+
+Runs on CUDA when available (dispatch -> Triton), else on CPU (dispatch -> the torch path, so
+there the reference column is a different baseline: xgrammar for the bitmask). Prints a markdown
+table and writes benchmarks/results/kernels.json. Bandwidth counts the bytes a kernel must move
+(its inputs read once, its outputs written once), so it is comparable across implementations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from plait.kernels import (
+    apply_token_bitmask,
+    extend_attention,
+    paged_decode_attention,
+    rmsnorm,
+    rope,
+    store_kv,
+    top_k_top_p_sample,
+)
+from plait.kernels.bitmask import apply_token_bitmask_torch
+
+RESULTS = Path(__file__).resolve().parent / "results" / "kernels.json"
+
+
+@dataclass(frozen=True)
+class Row:
+    kernel: str
+    case: str
+    impl: str
+    ms: float
+    gbps: float
+    peak_frac: float | None
+    speedup_vs_ref: float | None
+
+
+def timed(
+    fns: dict[str, Callable[[], object]], device: torch.device, repeats: int
+) -> dict[str, float]:
+    """Median wall time (ms) of each function; the repeats are interleaved round-robin so a
+    noisy machine or a warming cache penalizes every implementation alike."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    for fn in fns.values():
+        fn()
+    sync()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) * 1e3 for name, ts in times.items()}
+
+
+def packed_mask(b: int, vocab: int, frac: float, *, structured: bool, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    words = (vocab + 31) // 32
+    if structured:  # whole 256-id ranges allowed or not, as grammars over sorted vocabs produce
+        chunks = torch.rand(b, (words + 7) // 8, generator=g) < frac
+        allowed = chunks.repeat_interleave(256, dim=1)[:, : words * 32]
+    else:
+        allowed = torch.rand(b, words * 32, generator=g) < frac
+    bits = np.packbits(allowed.numpy().astype(np.uint8), axis=-1, bitorder="little")
+    return torch.from_numpy(bits.view(np.int32).reshape(b, words).copy())
+
+
+class Bench:
+    def __init__(self, device: torch.device, repeats: int, peak_gbps: float | None) -> None:
+        self.device = device
+        self.repeats = repeats
+        self.peak = peak_gbps
+        self.rows: list[Row] = []
+
+    def run(
+        self,
+        kernel: str,
+        case: str,
+        nbytes: float,
+        impls: dict[str, Callable[[], object]],
+        ref: str,
+    ) -> None:
+        times = timed(impls, self.device, self.repeats)
+        for name, ms in times.items():
+            gbps = nbytes / (ms * 1e-3) / 1e9
+            frac = gbps / self.peak if self.peak else None
+            speed = times[ref] / ms if name != ref else None
+            self.rows.append(Row(kernel, case, name, ms, gbps, frac, speed))
+
+
+def bench_bitmask(bench: Bench, quick: bool) -> None:
+    dev = bench.device
+    b = 512 if dev.type == "cuda" else 16
+    vocab = 128256
+    for frac in (0.01, 0.99):
+        for structured in (False, True):
+            if quick and structured:
+                continue
+            mask = packed_mask(b, vocab, frac, structured=structured, seed=1).to(dev)
+            logits = torch.randn(b, vocab, device=dev)
+            nbytes = mask.numel() * 4 + b * vocab * (1 - frac) * 4
+            impls: dict[str, Callable[[], object]] = {
+                "dispatch": partial(apply_token_bitmask, logits, mask),
+                "torch": partial(apply_token_bitmask, logits, mask, impl="torch"),
+            }
+            ref = "torch"
+            if dev.type == "cpu":
+                import xgrammar
+
+                impls = {
+                    "dispatch": impls["dispatch"],
+                    "vectorized only": partial(
+                        apply_token_bitmask_torch, logits, mask, native_sparse=False
+                    ),
+                    "xgrammar": partial(xgrammar.apply_token_bitmask_inplace, logits, mask),
+                }
+                ref = "xgrammar"
+            kind = "256-id ranges" if structured else "random ids"
+            case = f"B={b} V={vocab} fp32 {frac:.0%} allowed ({kind})"
+            bench.run("apply_token_bitmask", case, nbytes, impls, ref)
+
+
+def paged_case(
+    b: int, ctx: int, hkv: int, d: int, dtype: torch.dtype, dev: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    pool = b * ctx + 1
+    k_pool = torch.randn(pool, hkv, d, dtype=dtype, device=dev)
+    v_pool = torch.randn(pool, hkv, d, dtype=dtype, device=dev)
+    perm = (torch.randperm(pool - 1) + 1).int()
+    req_to_token = perm.view(b, ctx).to(dev)
+    return k_pool, v_pool, req_to_token, torch.arange(b, device=dev)
+
+
+def bench_decode(bench: Bench, quick: bool) -> None:
+    dev = bench.device
+    if dev.type == "cuda":
+        b, ctx, hq, hkv, d, dtype = 64, 4096, 32, 8, 128, torch.bfloat16
+    else:
+        b, ctx, hq, hkv, d, dtype = 8, 512 if quick else 1024, 32, 8, 64, torch.float32
+    k_pool, v_pool, r2t, slots = paged_case(b, ctx, hkv, d, dtype, dev)
+    q = torch.randn(b, hq, d, dtype=dtype, device=dev)
+    lens = torch.full((b,), ctx, device=dev)
+    el = torch.finfo(dtype).bits // 8
+    nbytes = 2 * b * ctx * hkv * d * el + b * ctx * 4 + 2 * q.numel() * el
+    args = (q, k_pool, v_pool, r2t, slots, lens)
+    impls: dict[str, Callable[[], object]] = {
+        "dispatch": lambda: paged_decode_attention(*args, scale=d**-0.5),
+        "torch": lambda: paged_decode_attention(*args, scale=d**-0.5, impl="torch"),
+    }
+    case = f"B={b} ctx={ctx} Hq={hq} Hkv={hkv} D={d} {str(dtype)[6:]}"
+    bench.run("paged_decode_attention", case, nbytes, impls, "torch")
+
+
+def bench_extend(bench: Bench, quick: bool) -> None:
+    dev = bench.device
+    if dev.type == "cuda":
+        b, pre, ext, hq, hkv, d, dtype = 8, 1024, 1024, 32, 8, 128, torch.bfloat16
+    else:
+        b, pre, ext, hq, hkv, d, dtype = 2, 256, 128 if quick else 256, 32, 8, 64, torch.float32
+    k_pool, v_pool, r2t, slots = paged_case(b, pre + ext, hkv, d, dtype, dev)
+    q = torch.randn(b * ext, hq, d, dtype=dtype, device=dev)
+    prefix = torch.full((b,), pre, device=dev)
+    extend = torch.full((b,), ext, device=dev)
+    el = torch.finfo(dtype).bits // 8
+    nbytes = 2 * b * (pre + ext) * hkv * d * el + 2 * q.numel() * el
+    args = (q, k_pool, v_pool, r2t, slots, prefix, extend)
+    impls: dict[str, Callable[[], object]] = {
+        "dispatch": lambda: extend_attention(*args, scale=d**-0.5),
+        "torch": lambda: extend_attention(*args, scale=d**-0.5, impl="torch"),
+    }
+    case = f"B={b} prefix={pre} extend={ext} Hq={hq} Hkv={hkv} D={d} {str(dtype)[6:]}"
+    bench.run("extend_attention", case, nbytes, impls, "torch")
+
+
+def bench_small(bench: Bench, quick: bool) -> None:
+    dev = bench.device
+    cuda = dev.type == "cuda"
+    t = 4096 if cuda else (128 if quick else 512)
+    dtype = torch.bfloat16 if cuda else torch.float32
+    el = torch.finfo(dtype).bits // 8
+    h = 4096 if cuda else 2048
+    x = torch.randn(t, h, dtype=dtype, device=dev)
+    res = torch.randn(t, h, dtype=dtype, device=dev)
+    w = torch.randn(h, dtype=dtype, device=dev)
+    bench.run(
+        "rmsnorm",
+        f"T={t} H={h} +residual {str(dtype)[6:]}",
+        4 * x.numel() * el,
+        {
+            "dispatch": lambda: rmsnorm(x, w, eps=1e-6, residual=res),
+            "torch": lambda: rmsnorm(x, w, eps=1e-6, residual=res, impl="torch"),
+        },
+        "torch",
+    )
+    hq, hkv, d = 32, 8, 128
+    qkv = torch.randn(t, hq + 2 * hkv, d, dtype=dtype, device=dev)
+    q, k, v = qkv[:, :hq], qkv[:, hq : hq + hkv], qkv[:, hq + hkv :]
+    pos = torch.randint(0, 8192, (t,), device=dev)
+    inv = 1.0 / (10000 ** (torch.arange(0, d, 2, device=dev).float() / d))
+    ang = torch.arange(8192, device=dev).float()[:, None] * inv
+    cache = torch.cat([ang.cos(), ang.sin()], -1)
+    bench.run(
+        "rope",
+        f"T={t} Hq={hq} Hkv={hkv} D={d} fused-qkv views {str(dtype)[6:]}",
+        2 * t * (hq + hkv) * d * el + t * d * 4,
+        {
+            "dispatch": lambda: rope(q, k, pos, cache),
+            "torch": lambda: rope(q, k, pos, cache, impl="torch"),
+        },
+        "torch",
+    )
+    pool = 4 * t
+    k_pool = torch.zeros(pool, hkv, d, dtype=dtype, device=dev)
+    v_pool = torch.zeros(pool, hkv, d, dtype=dtype, device=dev)
+    slots = torch.randperm(pool, device=dev)[:t]
+    bench.run(
+        "store_kv",
+        f"T={t} Hkv={hkv} D={d} strided k/v {str(dtype)[6:]}",
+        4 * t * hkv * d * el,
+        {
+            "dispatch": lambda: store_kv(k, v, k_pool, v_pool, slots),
+            "torch": lambda: store_kv(k, v, k_pool, v_pool, slots, impl="torch"),
+        },
+        "torch",
+    )
+
+
+def bench_sampling(bench: Bench, quick: bool) -> None:
+    dev = bench.device
+    b, vocab = (64, 128256) if dev.type == "cuda" else (16, 128256)
+    probs = torch.softmax(torch.randn(b, vocab, device=dev) * 4, -1)
+    u = torch.rand(b, device=dev)
+    settings = [("plain", 0, 1.0), ("top_k=50 top_p=0.9", 50, 0.9), ("top_p=0.9", 0, 0.9)]
+    for name, k, p in settings[:2] if quick else settings:
+        top_k = torch.full((b,), k, device=dev)
+        top_p = torch.full((b,), p, device=dev)
+        bench.run(
+            "top_k_top_p_sample",
+            f"B={b} V={vocab} {name}",
+            probs.numel() * 4,
+            {
+                impl: partial(
+                    top_k_top_p_sample, probs, top_k=top_k, top_p=top_p, uniforms=u, impl=mode
+                )
+                for impl, mode in (("dispatch", "auto"), ("torch", "torch"))
+            },
+            "torch",
+        )
+
+
+def table(rows: list[Row], cuda: bool) -> str:
+    head = "| kernel | case | impl | median ms | GB/s |" + (" % peak |" if cuda else "")
+    head += " speedup vs ref |"
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        cells = [r.kernel, r.case, r.impl, f"{r.ms:.3f}", f"{r.gbps:.1f}"]
+        if cuda:
+            cells.append(f"{100 * r.peak_frac:.1f}%" if r.peak_frac is not None else "")
+        cells.append(f"{r.speedup_vs_ref:.2f}x" if r.speedup_vs_ref is not None else "(ref)")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run every kernel benchmark, print the table, write the JSON."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer repeats and smaller sizes")
+    ap.add_argument("--peak-gbps", type=float, default=4800.0, help="HBM peak (H200: 4800)")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    repeats = args.repeats or (5 if args.quick else 25)
+    bench = Bench(device, repeats, args.peak_gbps if cuda else None)
+    for fn in (bench_bitmask, bench_decode, bench_extend, bench_small, bench_sampling):
+        fn(bench, args.quick)
+    name = torch.cuda.get_device_name() if cuda else platform.processor() or platform.machine()
+    print(f"device: {device} ({name}), torch {torch.__version__}, threads {args.threads}\n")
+    print(table(bench.rows, cuda))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "device": str(device),
+        "device_name": name,
+        "torch": torch.__version__,
+        "threads": args.threads,
+        "repeats": repeats,
+        "quick": args.quick,
+        "peak_gbps": args.peak_gbps if cuda else None,
+    }
+    payload = {"meta": meta, "rows": [asdict(r) for r in bench.rows]}
+    args.out.write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,264 @@
+"""Extend (prefill) attention over the paged KV pool with variable-length requests.
+
+``q`` packs the new tokens of B requests in order: request ``b`` owns rows
+``[sum(extend_lens[:b]), + extend_lens[b])`` at positions ``prefix_lens[b] + j``. The K/V of all
+positions ``[0, prefix + extend)`` are already in the pool (``store_kv`` runs first). Causal; with
+``sliding_window`` w a query at ``qpos`` sees keys ``kpos`` with ``qpos - w < kpos <= qpos``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from ._attn_common import check_paged_attention
+from ._dispatch import choose_impl, next_pow2
+
+
+def extend_attention(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_slots: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    extend_lens: torch.Tensor,
+    *,
+    scale: float,
+    sliding_window: int | None = None,
+    impl: str = "auto",
+) -> torch.Tensor:
+    """Causal attention of the packed new tokens ``q`` [T, Hq, D]; returns [T, Hq, D].
+
+    ``req_slots``/``prefix_lens``/``extend_lens`` are [B] ints; ``extend_lens`` must sum to T
+    (zeros allowed). Softmax in fp32; output in q's dtype.
+    """
+    check_paged_attention(
+        q,
+        k_pool,
+        v_pool,
+        req_to_token,
+        {"req_slots": req_slots, "prefix_lens": prefix_lens, "extend_lens": extend_lens},
+        scale=scale,
+        sliding_window=sliding_window,
+    )
+    if extend_lens.device.type == "cpu" and int(extend_lens.sum()) != q.shape[0]:
+        raise ValueError(
+            f"extend_lens must sum to q's token count ({q.shape[0]}), got {int(extend_lens.sum())}"
+        )
+    if q.shape[0] == 0:
+        return torch.empty_like(q)
+    fn = (
+        extend_attention_triton
+        if choose_impl(impl, q.device) == "triton"
+        else extend_attention_torch
+    )
+    return fn(
+        q,
+        k_pool,
+        v_pool,
+        req_to_token,
+        req_slots,
+        prefix_lens,
+        extend_lens,
+        scale=scale,
+        sliding_window=sliding_window,
+    )
+
+
+def extend_attention_torch(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_slots: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    extend_lens: torch.Tensor,
+    *,
+    scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """Reference / CPU path: one ``scaled_dot_product_attention`` per request.
+
+    GQA is folded into the query length ([Hkv, G * e, D]) so K/V are never repeated.
+    """
+    t, hq, d = q.shape
+    hkv = k_pool.shape[1]
+    group = hq // hkv
+    out = torch.empty_like(q)
+    offset = 0
+    for req, pre, ext in zip(
+        req_slots.tolist(), prefix_lens.tolist(), extend_lens.tolist(), strict=True
+    ):
+        if ext == 0:
+            continue
+        total = pre + ext
+        k_lo = max(0, pre - sliding_window + 1) if sliding_window else 0
+        slots = req_to_token[req, k_lo:total].long()
+        k = k_pool[slots].transpose(0, 1)  # [hkv, n, d]
+        v = v_pool[slots].transpose(0, 1)
+        qb = q[offset : offset + ext].view(ext, hkv, group, d).permute(1, 2, 0, 3)
+        qb = qb.reshape(hkv, group * ext, d)
+        qpos = torch.arange(pre, total, device=q.device).unsqueeze(1)
+        kpos = torch.arange(k_lo, total, device=q.device).unsqueeze(0)
+        mask = kpos <= qpos
+        if sliding_window:
+            mask &= kpos > qpos - sliding_window
+        o = F.scaled_dot_product_attention(qb, k, v, attn_mask=mask.repeat(group, 1), scale=scale)
+        out[offset : offset + ext] = (
+            o.view(hkv, group, ext, d).permute(2, 0, 1, 3).reshape(ext, hq, d)
+        )
+        offset += ext
+    return out
+
+
+@triton.jit
+def _extend_kernel(
+    q_ptr: tl.tensor,
+    k_ptr: tl.tensor,
+    v_ptr: tl.tensor,
+    out_ptr: tl.tensor,
+    r2t_ptr: tl.tensor,
+    req_slots_ptr: tl.tensor,
+    prefix_lens_ptr: tl.tensor,
+    extend_lens_ptr: tl.tensor,
+    q_start_ptr: tl.tensor,
+    scale: tl.tensor,
+    window: tl.tensor,
+    stride_qt: tl.tensor,
+    stride_qh: tl.tensor,
+    stride_ot: tl.tensor,
+    stride_oh: tl.tensor,
+    stride_r2t: tl.tensor,
+    n_kv_heads: tl.tensor,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+) -> None:
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    mb = tl.program_id(2)
+    ext = tl.load(extend_lens_ptr + b).to(tl.int32)
+    pre = tl.load(prefix_lens_ptr + b).to(tl.int32)
+    q_start = tl.load(q_start_ptr + b).to(tl.int64)
+    req = tl.load(req_slots_ptr + b).to(tl.int64)
+    kvh = h // GROUP
+
+    m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+    mmask = m < ext
+    qpos = pre + m
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < HEAD_DIM
+    q_off = (q_start + m)[:, None] * stride_qt + h * stride_qh + d[None, :]
+    q = tl.load(q_ptr + q_off, mask=mmask[:, None] & dmask[None, :], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+
+    # Keys this block of queries can see: causal upper end, sliding-window lower end.
+    k_hi = tl.where(mb * BLOCK_M < ext, tl.minimum(pre + (mb + 1) * BLOCK_M, pre + ext), 0)
+    k_lo = 0
+    if HAS_WINDOW:
+        k_lo = tl.maximum(pre + mb * BLOCK_M - window + 1, 0)
+
+    m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    l_i = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+    row = n_kv_heads * HEAD_DIM
+    for n0 in range(k_lo, k_hi, BLOCK_N):
+        kpos = n0 + tl.arange(0, BLOCK_N)
+        kmask = kpos < k_hi
+        slot = tl.load(r2t_ptr + req * stride_r2t + kpos, mask=kmask, other=0).to(tl.int64)
+        kv_off = slot[:, None] * row + kvh * HEAD_DIM + d[None, :]
+        kv_mask = kmask[:, None] & dmask[None, :]
+        k = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale
+        visible = kmask[None, :] & (kpos[None, :] <= qpos[:, None])
+        if HAS_WINDOW:
+            visible = visible & (kpos[None, :] > qpos[:, None] - window)
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)
+        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0)
+        if UPCAST:
+            v = v.to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    o_off = (q_start + m)[:, None] * stride_ot + h * stride_oh + d[None, :]
+    tl.store(
+        out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=mmask[:, None] & dmask[None, :]
+    )
+
+
+def extend_attention_triton(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_slots: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    extend_lens: torch.Tensor,
+    *,
+    scale: float,
+    sliding_window: int | None = None,
+    block_m: int | None = None,
+    block_n: int | None = None,
+) -> torch.Tensor:
+    """Triton path: one program per (request, query head, block of query rows).
+
+    Reads ``max(extend_lens)`` on the host to size the grid.
+    """
+    t, hq, d = q.shape
+    out = torch.empty_like(q)
+    b = extend_lens.shape[0]
+    if t == 0 or b == 0:
+        return out
+    max_ext = int(extend_lens.max())
+    hkv = k_pool.shape[1]
+    block_m = block_m or (64 if q.is_cuda else 128)
+    block_n = block_n or (64 if q.is_cuda else 128)
+    q_start = torch.cumsum(extend_lens, 0) - extend_lens
+    grid = (b, hq, triton.cdiv(max_ext, block_m))
+    _extend_kernel[grid](
+        q,
+        k_pool,
+        v_pool,
+        out,
+        req_to_token,
+        req_slots,
+        prefix_lens,
+        extend_lens,
+        q_start,
+        float(scale),
+        int(sliding_window or 0),
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        req_to_token.stride(0),
+        hkv,
+        GROUP=hq // hkv,
+        HEAD_DIM=d,
+        HAS_WINDOW=sliding_window is not None,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_D=max(16, next_pow2(d)),
+        DOT_PRECISION="tf32" if q.is_cuda and q.dtype != torch.float32 else "ieee",
+        UPCAST=not q.is_cuda,
+        num_warps=4,
+        num_stages=2,
+    )
+    return out

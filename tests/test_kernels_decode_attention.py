@@ -1,0 +1,137 @@
+"""paged_decode_attention: Triton (interpreter) vs torch path vs explicit per-request math."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from plait.kernels import paged_decode_attention
+from plait.kernels.decode_attention import paged_decode_attention_triton
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
+
+
+def make_case(seq_lens: list[int], hq: int, hkv: int, d: int, dtype: torch.dtype, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    b = len(seq_lens)
+    max_len = max(seq_lens + [1])
+    slots_needed = sum(seq_lens) + 1
+    pool = slots_needed + 17
+    k_pool = torch.randn(pool, hkv, d, generator=g).to(dtype)
+    v_pool = torch.randn(pool, hkv, d, generator=g).to(dtype)
+    # Requests live at scattered table rows; their slots are a random permutation (slot 0 unused).
+    req_to_token = torch.zeros(b + 3, max_len + 5, dtype=torch.int32)
+    req_slots = torch.randperm(b + 3, generator=g)[:b]
+    perm = torch.randperm(pool - 1, generator=g) + 1
+    used = 0
+    for i, n in enumerate(seq_lens):
+        req_to_token[req_slots[i], :n] = perm[used : used + n].int()
+        used += n
+    q = torch.randn(b, hq, d, generator=g).to(dtype)
+    return q, k_pool, v_pool, req_to_token, req_slots, torch.tensor(seq_lens)
+
+
+def naive_decode(q, k_pool, v_pool, req_to_token, req_slots, seq_lens, scale, window=None):
+    b, hq, d = q.shape
+    group = hq // k_pool.shape[1]
+    out = torch.zeros(b, hq, d, dtype=torch.float64)
+    for i in range(b):
+        n = int(seq_lens[i])
+        qpos = n - 1
+        for h in range(hq):
+            keys, vals = [], []
+            for pos in range(n):
+                if window is not None and qpos - pos >= window:
+                    continue
+                slot = int(req_to_token[req_slots[i], pos])
+                keys.append(k_pool[slot, h // group].double())
+                vals.append(v_pool[slot, h // group].double())
+            if not keys:
+                continue
+            scores = torch.stack(keys) @ q[i, h].double() * scale
+            out[i, h] = torch.softmax(scores, 0) @ torch.stack(vals)
+    return out
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("hq", "hkv", "d"), [(2, 2, 64), (8, 2, 128), (16, 2, 64)])
+def test_triton_matches_torch(dtype: torch.dtype, hq: int, hkv: int, d: int) -> None:
+    seq_lens = [1, 63, 129, 2000]
+    case = make_case(seq_lens, hq, hkv, d, dtype, seed=hq + d)
+    scale = d**-0.5
+    ref = paged_decode_attention(*case, scale=scale, impl="torch")
+    out = paged_decode_attention_triton(*case, scale=scale, num_splits=2, block_n=128)
+    assert out.dtype == dtype and out.shape == ref.shape
+    torch.testing.assert_close(out.float(), ref.float(), atol=TOL[dtype], rtol=TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window", [1, 50, 4096])
+def test_triton_sliding_window(dtype: torch.dtype, window: int) -> None:
+    case = make_case([1, 40, 64, 300], 8, 2, 64, dtype, seed=window)
+    ref = paged_decode_attention(*case, scale=0.125, sliding_window=window, impl="torch")
+    out = paged_decode_attention(*case, scale=0.125, sliding_window=window, impl="triton")
+    torch.testing.assert_close(out.float(), ref.float(), atol=TOL[dtype], rtol=TOL[dtype])
+
+
+@pytest.mark.parametrize("window", [None, 7])
+@pytest.mark.parametrize(("hq", "hkv"), [(2, 2), (8, 2), (8, 1)])
+def test_torch_matches_naive(window: int | None, hq: int, hkv: int) -> None:
+    case = make_case([1, 5, 33, 70], hq, hkv, 16, torch.float32, seed=hq * 3 + hkv)
+    out = paged_decode_attention(*case, scale=0.3, sliding_window=window)
+    want = naive_decode(*case, scale=0.3, window=window)
+    torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5)
+
+
+def test_zero_length_and_empty_batch() -> None:
+    q, k_pool, v_pool, r2t, req_slots, _ = make_case([3, 4], 4, 2, 16, torch.float32)
+    seq_lens = torch.tensor([0, 4])
+    for impl in ("torch", "triton"):
+        out = paged_decode_attention(
+            q, k_pool, v_pool, r2t, req_slots, seq_lens, scale=0.25, impl=impl
+        )
+        assert torch.equal(out[0], torch.zeros_like(out[0]))
+        assert torch.isfinite(out).all()
+        empty = paged_decode_attention(
+            q[:0], k_pool, v_pool, r2t, req_slots[:0], seq_lens[:0], scale=0.25, impl=impl
+        )
+        assert empty.shape == (0, 4, 16)
+
+
+def test_input_checks() -> None:
+    q, k_pool, v_pool, r2t, req_slots, seq_lens = make_case([3, 4], 4, 2, 16, torch.float32)
+    args = dict(scale=0.25)
+
+    def call(**over):
+        kw = dict(
+            q=q,
+            k_pool=k_pool,
+            v_pool=v_pool,
+            req_to_token=r2t,
+            req_slots=req_slots,
+            seq_lens=seq_lens,
+        )
+        kw.update(over)
+        return paged_decode_attention(**kw, **args)
+
+    with pytest.raises(ValueError, match="q must be 3-D"):
+        call(q=q[0])
+    with pytest.raises(ValueError, match="k_pool head dim"):
+        call(k_pool=k_pool[..., :8].contiguous())
+    with pytest.raises(ValueError, match="kv heads"):
+        call(k_pool=torch.zeros(10, 3, 16), v_pool=torch.zeros(10, 3, 16))
+    with pytest.raises(ValueError, match="v_pool"):
+        call(v_pool=v_pool.half())
+    with pytest.raises(ValueError, match="req_to_token"):
+        call(req_to_token=r2t.float())
+    with pytest.raises(ValueError, match="seq_lens"):
+        call(seq_lens=seq_lens[:1])
+    with pytest.raises(ValueError, match="req_slots"):
+        call(req_slots=req_slots[:1], seq_lens=seq_lens[:1])
+    with pytest.raises(ValueError, match="sliding_window"):
+        paged_decode_attention(
+            q, k_pool, v_pool, r2t, req_slots, seq_lens, scale=0.25, sliding_window=0
+        )
+    with pytest.raises(ValueError, match="scale"):
+        paged_decode_attention(q, k_pool, v_pool, r2t, req_slots, seq_lens, scale=None)  # type: ignore[arg-type]

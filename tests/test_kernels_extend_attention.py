@@ -1,0 +1,132 @@
+"""extend_attention: Triton (interpreter) vs torch path vs explicit per-token math."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from plait.kernels import extend_attention
+from plait.kernels.extend_attention import extend_attention_triton
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
+
+
+def make_case(prefix: list[int], extend: list[int], hq: int, hkv: int, d: int, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    b = len(prefix)
+    totals = [p + e for p, e in zip(prefix, extend, strict=True)]
+    pool = sum(totals) + 9
+    k_pool = torch.randn(pool, hkv, d, generator=g).to(dtype)
+    v_pool = torch.randn(pool, hkv, d, generator=g).to(dtype)
+    req_to_token = torch.zeros(b + 2, max(totals + [1]) + 3, dtype=torch.int32)
+    req_slots = torch.randperm(b + 2, generator=g)[:b]
+    perm = torch.randperm(pool - 1, generator=g) + 1
+    used = 0
+    for i, n in enumerate(totals):
+        req_to_token[req_slots[i], :n] = perm[used : used + n].int()
+        used += n
+    q = torch.randn(sum(extend), hq, d, generator=g).to(dtype)
+    return (q, k_pool, v_pool, req_to_token, req_slots, torch.tensor(prefix), torch.tensor(extend))
+
+
+def naive_extend(q, k_pool, v_pool, r2t, req_slots, prefix, extend, scale, window=None):
+    t, hq, d = q.shape
+    group = hq // k_pool.shape[1]
+    out = torch.zeros(t, hq, d, dtype=torch.float64)
+    row = 0
+    for i in range(len(prefix)):
+        for j in range(int(extend[i])):
+            qpos = int(prefix[i]) + j
+            kpos = [p for p in range(qpos + 1) if window is None or qpos - p < window]
+            slots = r2t[req_slots[i], kpos].long()
+            for h in range(hq):
+                k = k_pool[slots, h // group].double()
+                v = v_pool[slots, h // group].double()
+                probs = torch.softmax(k @ q[row, h].double() * scale, 0)
+                out[row, h] = probs @ v
+            row += 1
+    return out
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("hq", "hkv", "d"), [(2, 2, 64), (4, 1, 128), (8, 1, 64)])
+def test_triton_matches_torch(dtype: torch.dtype, hq: int, hkv: int, d: int) -> None:
+    # Pure prefill, prefix + chunk, a single decode-like token, an empty extend; lengths that
+    # straddle the 128 block.
+    case = make_case([0, 100, 700, 5], [130, 70, 1, 0], hq, hkv, d, dtype, seed=hq + d)
+    scale = d**-0.5
+    ref = extend_attention(*case, scale=scale, impl="torch")
+    out = extend_attention_triton(*case, scale=scale, block_m=128, block_n=256)
+    assert out.dtype == dtype and out.shape == ref.shape
+    torch.testing.assert_close(out.float(), ref.float(), atol=TOL[dtype], rtol=TOL[dtype])
+
+
+@pytest.mark.parametrize("window", [1, 33, 4096])
+def test_triton_sliding_window(window: int) -> None:
+    case = make_case([0, 70, 200], [90, 40, 3], 4, 2, 64, torch.float32, seed=window)
+    ref = extend_attention(*case, scale=0.125, sliding_window=window, impl="torch")
+    out = extend_attention(*case, scale=0.125, sliding_window=window, impl="triton")
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("window", [None, 5])
+@pytest.mark.parametrize(("hq", "hkv"), [(2, 2), (4, 2), (8, 1)])
+def test_torch_matches_naive(window: int | None, hq: int, hkv: int) -> None:
+    case = make_case([0, 7, 3, 12], [6, 5, 0, 1], hq, hkv, 16, torch.float32, seed=hq + hkv)
+    out = extend_attention(*case, scale=0.3, sliding_window=window)
+    want = naive_extend(*case, scale=0.3, window=window)
+    torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_torch_low_precision_close_to_naive(dtype: torch.dtype) -> None:
+    case = make_case([0, 9], [12, 4], 4, 2, 32, dtype, seed=1)
+    out = extend_attention(*case, scale=0.2)
+    want = naive_extend(*case, scale=0.2)
+    torch.testing.assert_close(out.double(), want, atol=TOL[dtype], rtol=TOL[dtype])
+
+
+def test_empty_inputs() -> None:
+    q, k_pool, v_pool, r2t, req_slots, prefix, extend = make_case([3], [0], 4, 2, 16, torch.float32)
+    for impl in ("torch", "triton"):
+        out = extend_attention(
+            q, k_pool, v_pool, r2t, req_slots, prefix, extend, scale=0.25, impl=impl
+        )
+        assert out.shape == (0, 4, 16)
+        none = torch.zeros(0, dtype=torch.int64)
+        out = extend_attention(q, k_pool, v_pool, r2t, none, none, none, scale=0.25, impl=impl)
+        assert out.shape == (0, 4, 16)
+
+
+def test_input_checks() -> None:
+    q, k_pool, v_pool, r2t, req_slots, prefix, extend = make_case(
+        [0, 3], [2, 2], 4, 2, 16, torch.float32
+    )
+
+    def call(**over):
+        kw = dict(
+            q=q,
+            k_pool=k_pool,
+            v_pool=v_pool,
+            req_to_token=r2t,
+            req_slots=req_slots,
+            prefix_lens=prefix,
+            extend_lens=extend,
+            scale=0.25,
+        )
+        kw.update(over)
+        return extend_attention(**kw)
+
+    with pytest.raises(ValueError, match="extend_lens must sum"):
+        call(extend_lens=torch.tensor([2, 3]))
+    with pytest.raises(ValueError, match="prefix_lens"):
+        call(prefix_lens=torch.tensor([0]))
+    with pytest.raises(ValueError, match="extend_lens"):
+        call(extend_lens=extend.float())
+    with pytest.raises(ValueError, match="q must"):
+        call(q=q.int())
+    with pytest.raises(ValueError, match="k_pool"):
+        call(k_pool=k_pool.double())
+    with pytest.raises(ValueError, match="impl"):
+        call(impl="cpu")
