@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from plait.backend.req import Req
+from plait.kernels import top_k_top_p_sample
 
 
 @dataclass(frozen=True)
@@ -74,8 +75,6 @@ class Sampler:
             logits[row, ids] = float("-inf")
         if batch.all_greedy:
             return SampleResult(logits.argmax(dim=-1).tolist(), logprobs)
-        from plait.kernels import top_k_top_p_sample  # TEMP until the kernel lands
-
         probs = torch.softmax(logits / batch.temperatures.to(logits.device), dim=-1)
         sampled = top_k_top_p_sample(
             probs,
