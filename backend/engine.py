@@ -5,19 +5,22 @@
         print(out["text"], out["usage"])
 
 The same TokenizerManager serves the HTTP server; here its messages go to a scheduler
-thread in this process.
+thread in this process, or with `processes=True` to scheduler and detokenizer processes
+(the runtime of `plait serve`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
 from typing import Any
 
 from plait.backend.config import EngineConfig
 from plait.backend.inprocess import InProcessRuntime
-from plait.backend.messages import Stats
+from plait.backend.messages import ModelInfo, Stats
+from plait.backend.multiprocess import MultiProcessRuntime
 from plait.backend.sampling_params import SamplingParams
 from plait.backend.tokenizer_manager import TokenizerManager
 
@@ -34,17 +37,27 @@ class Engine:
     """In-process LLM engine: radix-cached, continuously batched, on plait's own model code.
 
     `model` is a builtin name ("plait-tiny", "plait-small") or a local Hugging Face model
-    directory; other keyword arguments are `EngineConfig` fields.
+    directory; other keyword arguments are `EngineConfig` fields. With `processes=True` the
+    scheduler and the detokenizer run in child processes (as in `plait serve`).
     """
 
-    def __init__(self, model: str | None = None, **config: Any) -> None:
+    def __init__(self, model: str | None = None, *, processes: bool = False, **config: Any) -> None:
         if model is not None:
             config["model"] = str(model)
         self.config = EngineConfig.from_kwargs(**config)
         self._tm: TokenizerManager | None = None
-        self.runtime = InProcessRuntime(config=self.config, deliver=self._deliver)
+        self.runtime: InProcessRuntime | MultiProcessRuntime
+        if processes:
+            self.runtime = MultiProcessRuntime(
+                config=self.config, deliver=self._deliver, on_failure=self._runtime_failed
+            )
+        else:
+            self.runtime = InProcessRuntime(config=self.config, deliver=self._deliver)
         self.tokenizer = self.runtime.tokenizer
+        self.info: ModelInfo = self.runtime.info
         self._tm = TokenizerManager(tokenizer=self.tokenizer, send=self.runtime.send)
+        if self.runtime.failure is not None:
+            self._runtime_failed(self.runtime.failure)
 
     @property
     def tokenizer_manager(self) -> TokenizerManager:
@@ -54,6 +67,15 @@ class Engine:
     def _deliver(self, msg: object) -> None:
         if self._tm is not None:
             self._tm.handle(msg)
+
+    def _runtime_failed(self, message: str) -> None:
+        if self._tm is not None:
+            self._tm.fail_all(message, final=True)
+
+    @property
+    def failure(self) -> str | None:
+        """Why the runtime is gone (a child process died), or None while it serves."""
+        return self.runtime.failure
 
     # --- generation -------------------------------------------------------------------
     def generate(
@@ -135,6 +157,53 @@ class Engine:
         finally:
             self.tokenizer_manager.abort(rid)
 
+    async def stream_batch(
+        self,
+        requests: Sequence[tuple[list[int], SamplingParams]],
+        *,
+        rids: Sequence[str | None] | None = None,
+        stream: bool = True,
+    ) -> AsyncGenerator[tuple[int, dict[str, Any]], None]:
+        """Every sample of every (input_ids, params) request as (index, item) in arrival order,
+        sample j of request i at index sum(n of requests before i) + j: increments with
+        `stream=True`, else each sample's final result once. Errors come as items (never
+        raised); closing the iterator early aborts the samples still running."""
+        inbox: asyncio.Queue[tuple[int, dict[str, Any]]] = asyncio.Queue()
+        sent: list[str] = []
+        running: set[int] = set()
+        try:
+            for (ids, params), rid in zip(requests, rids or [None] * len(requests), strict=True):
+                new = self._submit_indexed(
+                    ids, params, inbox=inbox, rid=rid, first=len(sent), stream=stream
+                )
+                running.update(range(len(sent), len(sent) + len(new)))
+                sent.extend(new)
+            while running:
+                index, item = await inbox.get()
+                if item["finish_reason"] is not None:
+                    running.discard(index)
+                yield index, item
+        finally:
+            for index in running:
+                self.tokenizer_manager.abort(sent[index])
+
+    def _submit_indexed(
+        self,
+        ids: list[int],
+        params: SamplingParams,
+        *,
+        inbox: asyncio.Queue[tuple[int, dict[str, Any]]],
+        rid: str | None,
+        first: int,
+        stream: bool,
+    ) -> list[str]:
+        """Submit one request whose sample j reports to `inbox` as index first + j."""
+        loop = asyncio.get_running_loop()
+        sinks = [_indexed_sink(loop, inbox, index=first + j) for j in range(params.n)]
+        return self.tokenizer_manager.submit(
+            input_ids=ids, params=params, stream=stream, sinks=sinks, rid=rid
+        )
+
     def _submit(
         self,
         ids: list[int],
@@ -179,6 +248,14 @@ class Engine:
         assert isinstance(stats, Stats)
         return stats
 
+    async def async_stats(self) -> Stats:
+        stats = await asyncio.wrap_future(self.tokenizer_manager.control("stats"))
+        assert isinstance(stats, Stats)
+        return stats
+
+    async def async_flush_cache(self) -> bool:
+        return bool(await asyncio.wrap_future(self.tokenizer_manager.control("flush_cache")))
+
     def shutdown(self) -> None:
         if self._tm is None:
             return
@@ -210,7 +287,14 @@ def _checked(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, fn: Any, arg: Any) -> None:
-    loop.call_soon_threadsafe(fn, arg)
+    with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+        loop.call_soon_threadsafe(fn, arg)
+
+
+def _indexed_sink(
+    loop: asyncio.AbstractEventLoop, inbox: asyncio.Queue[tuple[int, Any]], *, index: int
+) -> Any:
+    return lambda d: _call_soon(loop, inbox.put_nowait, (index, d))
 
 
 def _future_sink(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[dict[str, Any]]) -> Any:

@@ -11,7 +11,7 @@ import torch
 from plait.backend.config import EngineConfig
 from plait.backend.detokenizer import Detokenizer
 from plait.backend.messages import BatchStrOut, BatchTokenOut
-from plait.backend.scheduler_loop import build_scheduler, run_loop
+from plait.backend.scheduler_loop import build_scheduler, describe, run_loop
 from plait.backend.tokenizer_utils import make_decoder
 
 
@@ -23,6 +23,8 @@ class InProcessRuntime:
         torch.set_num_threads(config.num_threads)
         self.scheduler, self.tokenizer = build_scheduler(config)
         self.runner = self.scheduler.runner
+        self.info = describe(self.scheduler)
+        self.failure: str | None = None  # a thread in this process cannot die on its own
         self.detokenizer = Detokenizer(decode=make_decoder(self.tokenizer))
         self._deliver = deliver
         self._inbox: queue.Queue[object] = queue.Queue()

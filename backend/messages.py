@@ -106,6 +106,33 @@ class Stats:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the process that owns the model loaded: reported once it is ready."""
+
+    model: str
+    model_path: str
+    context_len: int
+    vocab_size: int
+    kv_tokens: int
+
+
+@dataclass(frozen=True)
+class ProcessReady:
+    """A server child process finished starting (`info` from the scheduler only)."""
+
+    name: str
+    info: ModelInfo | None = None
+
+
+@dataclass(frozen=True)
+class ProcessFailed:
+    """A server child process could not start; `error` says why."""
+
+    name: str
+    error: str
+
+
 def encode(msg: object) -> bytes:
     return pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
 

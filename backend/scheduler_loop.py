@@ -21,6 +21,7 @@ from plait.backend.messages import (
     BatchTokenOut,
     ControlReply,
     ControlRequest,
+    ModelInfo,
     ReqOutput,
     TokenizedRequest,
 )
@@ -46,6 +47,18 @@ def build_scheduler(config: EngineConfig) -> tuple[Scheduler, PreTrainedTokenize
         grammar=make_grammar(config, tokenizer, runner.vocab_size),
     )
     return scheduler, tokenizer
+
+
+def describe(scheduler: Scheduler) -> ModelInfo:
+    """What the scheduler's process loaded, for the tokenizer side."""
+    runner = scheduler.runner
+    return ModelInfo(
+        model=scheduler.config.model,
+        model_path=str(runner.model_path),
+        context_len=runner.context_len,
+        vocab_size=runner.vocab_size,
+        kv_tokens=runner.kv_pool.size,
+    )
 
 
 def handle_message(scheduler: Scheduler, msg: object, send: Send) -> list[ReqOutput]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -28,6 +29,7 @@ from plait.backend.messages import (
 from plait.backend.sampling_params import SamplingParams
 
 Sink = Callable[[dict[str, Any]], None]
+Observer = Callable[["RequestState", ReqStrOut], None]
 
 
 @dataclass
@@ -44,6 +46,7 @@ class RequestState:
     input_logprobs: list[tuple[float | None, int]] | None = None
     input_top_logprobs: list[Any] | None = None
     warnings: list[str] = field(default_factory=list)
+    created_at: float = field(default_factory=time.monotonic)
 
     def update(self, item: ReqStrOut) -> dict[str, Any]:
         """Fold one increment in; returns the increment as a result dict."""
@@ -108,12 +111,18 @@ class TokenizerManager:
     """Tokenizes requests, sends them on, and routes results back to their sinks."""
 
     def __init__(
-        self, *, tokenizer: PreTrainedTokenizerBase, send: Callable[[object], None]
+        self,
+        *,
+        tokenizer: PreTrainedTokenizerBase,
+        send: Callable[[object], None],
+        observer: Observer | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.send = send
+        self.observer = observer  # sees every increment (server metrics), receiving thread
         self.states: dict[str, RequestState] = {}
         self.calls: dict[str, Future[Any]] = {}
+        self.closed: str | None = None  # set once the runtime is gone for good
         self._lock = threading.Lock()
         self._ids = itertools.count()
 
@@ -168,7 +177,12 @@ class TokenizerManager:
         with self._lock:
             if rid in self.states:
                 raise ValueError(f"request id {rid!r} is already in flight")
-            self.states[rid] = RequestState(rid=rid, stream=stream, sink=sink)
+            closed = self.closed
+            if closed is None:
+                self.states[rid] = RequestState(rid=rid, stream=stream, sink=sink)
+        if closed is not None:
+            sink(_error_result(rid, closed))
+            return rid
         self.send(TokenizedRequest(rid=rid, input_ids=ids, params=params, group=group))
         return rid
 
@@ -176,11 +190,21 @@ class TokenizerManager:
         if rid in self.states:
             self.send(AbortRequest(rid))
 
+    def in_flight(self) -> list[str]:
+        """Ids of the sequences still running."""
+        with self._lock:
+            return list(self.states)
+
     def control(self, kind: str) -> Future[Any]:
         call_id = uuid.uuid4().hex
         fut: Future[Any] = Future()
         with self._lock:
-            self.calls[call_id] = fut
+            closed = self.closed
+            if closed is None:
+                self.calls[call_id] = fut
+        if closed is not None:
+            fut.set_exception(RuntimeError(closed))
+            return fut
         self.send(ControlRequest(call_id, kind))
         return fut
 
@@ -202,6 +226,8 @@ class TokenizerManager:
         if state is None:
             return
         delta = state.update(item)
+        if self.observer is not None:
+            self.observer(state, item)
         done = item.out.finish is not None
         if done:
             with self._lock:
@@ -211,23 +237,28 @@ class TokenizerManager:
         elif done:
             state.sink(state.result(item))
 
-    def fail_all(self, message: str) -> None:
-        """The runtime died: end every request in flight with an error."""
+    def fail_all(self, message: str, *, final: bool = False) -> None:
+        """The runtime died: end every request in flight with an error (with `final`, also
+        every request submitted from now on)."""
         with self._lock:
+            if final:
+                self.closed = message
             states, self.states = list(self.states.values()), {}
             calls, self.calls = list(self.calls.values()), {}
         for state in states:
-            state.sink(
-                {
-                    "rid": state.rid,
-                    "text": "",
-                    "output_ids": [],
-                    "rollback": 0,
-                    "finish_reason": {"type": "error", "message": message},
-                    "usage": None,
-                    "logprobs": {},
-                    "warnings": [],
-                }
-            )
+            state.sink(_error_result(state.rid, message))
         for fut in calls:
             fut.set_exception(RuntimeError(message))
+
+
+def _error_result(rid: str, message: str) -> dict[str, Any]:
+    return {
+        "rid": rid,
+        "text": "",
+        "output_ids": [],
+        "rollback": 0,
+        "finish_reason": {"type": "error", "message": message},
+        "usage": None,
+        "logprobs": {},
+        "warnings": [],
+    }

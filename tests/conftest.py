@@ -7,8 +7,12 @@ import os
 # Must be set before any Triton kernel is defined (i.e. before plait.kernels is imported).
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from collections.abc import Iterator  # noqa: E402
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+from plait.runtime import Runtime  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -21,3 +25,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def plait_server() -> Iterator[Runtime]:
+    """One `plait serve` (plait-tiny, small KV pool) shared by the server test modules."""
+    from server_helpers import server_args
+
+    with Runtime(**server_args()) as runtime:
+        yield runtime

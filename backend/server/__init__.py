@@ -1,0 +1,1 @@
+"""plait serve: the HTTP server (OpenAI-compatible and SGLang-native APIs) around an Engine."""

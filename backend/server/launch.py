@@ -1,0 +1,157 @@
+"""`plait serve`: command-line flags, process startup, signals and the exit code.
+
+    main process:  uvicorn + FastAPI + TokenizerManager (+ a receiver thread)
+        | ZMQ PUSH ipc://<private dir>/scheduler
+    scheduler process -> ZMQ PUSH .../detokenizer -> detokenizer process -> .../main -> main
+
+Every EngineConfig field is a flag (`--kv-tokens`, `--chunked-prefill-size`, ...; booleans
+as `--flag/--no-flag`), plus the short forms `--max-running` and `--chunked-prefill`.
+SIGTERM and Ctrl-C stop the server and both children and exit 0; if a child dies, the
+server fails its requests, reports unhealthy, and exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import signal
+import socket
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+
+from plait.backend.config import EngineConfig
+from plait.backend.engine import Engine
+from plait.backend.server.app import ServerSettings, create_app
+
+ALIASES = {"max_running_requests": "--max-running", "chunked_prefill_size": "--chunked-prefill"}
+HELP = {
+    "model": "a builtin name (plait-tiny, plait-small) or a local Hugging Face model directory",
+    "kv_tokens": "KV-cache pool size in tokens (default: sized from free memory)",
+    "max_running_requests": "most requests decoded together",
+    "chunked_prefill_size": "prompt tokens per prefill chunk (0: no chunking)",
+}
+GRACEFUL_SHUTDOWN_S = 3
+SHUTDOWN_MESSAGE = "the server is shutting down"
+
+log = logging.getLogger("plait.server")
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    """Everything `plait serve` needs: HTTP settings plus the engine's config."""
+
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    host: str = "127.0.0.1"
+    port: int = 30000
+    api_key: str | None = None
+    served_model_name: str | None = None
+    log_level: str = "info"
+
+
+class Terminated(Exception):
+    """SIGTERM arrived (raised from the signal handler in the main thread)."""
+
+
+class PlaitServer(uvicorn.Server):
+    """uvicorn's server, ending the requests in flight (with an error saying the server is
+    shutting down) before it waits for their connections to close."""
+
+    def __init__(self, config: uvicorn.Config, *, engine: Engine) -> None:
+        super().__init__(config)
+        self.engine = engine
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self.engine.tokenizer_manager.fail_all(SHUTDOWN_MESSAGE, final=True)
+        await super().shutdown(sockets)
+
+
+# --- flags --------------------------------------------------------------------------------
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of `plait serve`: HTTP settings and one per EngineConfig field."""
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument("--api-key", default=None, help="require Authorization: Bearer KEY")
+    parser.add_argument("--served-model-name", default=None, help="model id in the API")
+    parser.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+    )
+    engine = parser.add_argument_group("engine (EngineConfig fields)")
+    hints = typing.get_type_hints(EngineConfig)
+    for f in dataclasses.fields(EngineConfig):
+        flags = [f"--{f.name.replace('_', '-')}"] + ([ALIASES[f.name]] if f.name in ALIASES else [])
+        text = f"{HELP.get(f.name, f.name.replace('_', ' '))} (default: {f.default})"
+        kind = _flag_kind(hints[f.name])
+        engine.add_argument(*flags, dest=f.name, default=f.default, help=text, **kind)
+
+
+def _flag_kind(hint: Any) -> dict[str, Any]:
+    """argparse options for a field annotated `hint` (int, float, str, bool, X | None)."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if isinstance(hint, types.UnionType) and len(args) == 1:
+        hint = args[0]
+    if hint is bool:
+        return {"action": argparse.BooleanOptionalAction}
+    return {"type": hint, "metavar": hint.__name__.upper()}
+
+
+def args_from_namespace(ns: argparse.Namespace) -> ServerArgs:
+    engine = {f.name: getattr(ns, f.name) for f in dataclasses.fields(EngineConfig)}
+    return ServerArgs(
+        engine=EngineConfig(**engine),
+        host=ns.host,
+        port=ns.port,
+        api_key=ns.api_key,
+        served_model_name=ns.served_model_name,
+        log_level=ns.log_level,
+    )
+
+
+# --- running ------------------------------------------------------------------------------
+def serve(args: ServerArgs) -> int:
+    """Run the server until SIGTERM/Ctrl-C (exit code 0) or a child's death (1)."""
+    logging.basicConfig(level=args.log_level.upper(), format="[plait] %(levelname)s %(message)s")
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    engine: Engine | None = None
+    try:
+        engine = Engine(processes=True, **dataclasses.asdict(args.engine))
+        _run_http(engine, args)
+    except (KeyboardInterrupt, Terminated):
+        log.info("shutting down")
+    except Exception as exc:  # noqa: BLE001 - a startup failure: say why, exit 1
+        log.error("plait serve failed: %s", exc)
+        return 1
+    finally:
+        if engine is not None:
+            engine.shutdown()
+        signal.signal(signal.SIGTERM, previous)
+    return 1 if engine is not None and engine.failure is not None else 0
+
+
+def _run_http(engine: Engine, args: ServerArgs) -> None:
+    settings = ServerSettings(model_name=args.served_model_name, api_key=args.api_key)
+    server: PlaitServer | None = None
+
+    def stop() -> None:
+        if server is not None:
+            server.should_exit = True
+
+    app = create_app(engine, settings=settings, on_fatal=stop)
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+    )
+    server = PlaitServer(config, engine=engine)
+    log.info("serving %s on http://%s:%d", engine.info.model, args.host, args.port)
+    server.run()
+
+
+def _raise_terminated(signum: int, frame: types.FrameType | None) -> None:
+    raise Terminated()

@@ -1,0 +1,192 @@
+"""OpenAI-compatible endpoints: /v1/completions, /v1/chat/completions, /v1/models.
+
+Requests map onto SamplingParams (max_tokens -> max_new_tokens, response_format ->
+json_schema / json_object, plus the regex/ebnf/top_k/... extensions); `openai_format` maps
+results back onto OpenAI's objects. Choices are numbered prompt-major: prompt i, sample j ->
+i * n + j.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from plait.backend.server.openai_format import (
+    chat_chunks,
+    chat_response,
+    completion_chunks,
+    completion_response,
+)
+from plait.backend.server.protocol import (
+    ApiError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    OpenAISampling,
+    ResponseFormat,
+)
+from plait.backend.server.serving import (
+    Job,
+    ServerContext,
+    check_lengths,
+    collect,
+    make_params,
+    open_stream,
+    sse,
+)
+
+DEFAULT_COMPLETION_TOKENS = 16
+
+
+class OpenAIApi:
+    """The OpenAI-compatible handlers, bound to one ServerContext."""
+
+    def __init__(self, ctx: ServerContext) -> None:
+        self.ctx = ctx
+
+    def router(self) -> APIRouter:
+        router = APIRouter()
+        add = router.add_api_route
+        add("/v1/models", self.models, methods=["GET"])
+        add("/v1/completions", self.completions, methods=["POST"], response_model=None)
+        add("/v1/chat/completions", self.chat, methods=["POST"], response_model=None)
+        return router
+
+    async def models(self) -> dict[str, Any]:
+        return {"object": "list", "data": [model_card(self.ctx)]}
+
+    async def completions(self, body: CompletionRequest, request: Request) -> Any:
+        ctx, jobs = self.ctx, completion_jobs(self.ctx, body)
+        if body.stream:
+            events = await open_stream(ctx, jobs)
+            return sse(completion_chunks(ctx, body, jobs=jobs, events=events))
+        results = await collect(ctx, request, jobs=jobs)
+        return completion_response(ctx, body, jobs=jobs, results=results)
+
+    async def chat(self, body: ChatCompletionRequest, request: Request) -> Any:
+        ctx, jobs = self.ctx, chat_jobs(self.ctx, body)
+        if body.stream:
+            return sse(chat_chunks(ctx, body, jobs=jobs, events=await open_stream(ctx, jobs)))
+        results = await collect(ctx, request, jobs=jobs)
+        return chat_response(ctx, body, jobs=jobs, results=results)
+
+
+def model_card(ctx: ServerContext) -> dict[str, Any]:
+    info = ctx.engine.info
+    return {
+        "id": ctx.model_name,
+        "object": "model",
+        "created": ctx.created,
+        "owned_by": "plait",
+        "root": info.model_path,
+        "max_model_len": info.context_len,
+    }
+
+
+# --- requests -> jobs ---------------------------------------------------------------------
+def check_common(ctx: ServerContext, req: OpenAISampling) -> None:
+    if not ctx.known_model(req.model):
+        raise ApiError(
+            400, f"model: unknown model {req.model!r}; this server serves {ctx.model_name!r}",
+            param="model",
+        )  # fmt: skip
+    if req.logit_bias:
+        raise ApiError(400, "logit_bias: not supported by plait", param="logit_bias")
+
+
+def sampling_fields(req: OpenAISampling, max_tokens: int) -> dict[str, Any]:
+    """SamplingParams fields of an OpenAI request (None = the engine's default)."""
+    fields = {
+        "max_new_tokens": max_tokens,
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "n": req.n,
+        "stop": [req.stop] if isinstance(req.stop, str) else req.stop,
+        "seed": req.seed,
+        "presence_penalty": req.presence_penalty,
+        "frequency_penalty": req.frequency_penalty,
+        "top_k": req.top_k,
+        "min_p": req.min_p,
+        "repetition_penalty": req.repetition_penalty,
+        "min_new_tokens": req.min_tokens,
+        "ignore_eos": req.ignore_eos,
+        "skip_special_tokens": req.skip_special_tokens,
+        "stop_token_ids": req.stop_token_ids,
+        "regex": req.regex,
+        "ebnf": req.ebnf,
+    }
+    return {**fields, **format_fields(req.response_format)}
+
+
+def format_fields(fmt: ResponseFormat | None) -> dict[str, Any]:
+    """`response_format` -> the json_object / json_schema constraint."""
+    if fmt is None or fmt.type == "text":
+        return {}
+    if fmt.type == "json_object":
+        return {"json_object": True}
+    if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+        raise ApiError(
+            400, "response_format.json_schema.schema: required for type json_schema",
+            param="response_format.json_schema.schema",
+        )  # fmt: skip
+    return {"json_schema": json.dumps(fmt.json_schema.schema_)}
+
+
+def prompt_ids(
+    ctx: ServerContext, prompt: str | list[str] | list[int] | list[list[int]]
+) -> list[list[int]]:
+    """Token ids of each prompt (a string, a list of strings, ids, or a list of id lists)."""
+    items: list[Any] = [prompt] if isinstance(prompt, str) else list(prompt)
+    if items and all(isinstance(p, int) for p in items):
+        items = [items]
+    batch = [ctx.encode(p) if isinstance(p, str) else [int(t) for t in p] for p in items]
+    if not batch or any(not ids for ids in batch):
+        raise ApiError(400, "prompt: must not be empty", param="prompt")
+    return batch
+
+
+def completion_jobs(ctx: ServerContext, req: CompletionRequest) -> list[Job]:
+    check_common(ctx, req)
+    if req.suffix:
+        raise ApiError(400, "suffix: not supported by plait", param="suffix")
+    if req.best_of not in (None, req.n):
+        raise ApiError(400, "best_of: only best_of == n is supported", param="best_of")
+    max_tokens = DEFAULT_COMPLETION_TOKENS if req.max_tokens is None else req.max_tokens
+    fields = sampling_fields(req, max_tokens)
+    if req.logprobs is not None:
+        start = 0 if req.echo else -1
+        fields.update(return_logprob=True, top_logprobs_num=req.logprobs, logprob_start_len=start)
+    jobs = []
+    for ids in prompt_ids(ctx, req.prompt):
+        names = {"prompt_field": "prompt", "max_field": "max_tokens"}
+        check_lengths(ctx, len(ids), max_new=max_tokens, **names)
+        jobs.append(Job(ids, make_params(fields)))
+    return jobs
+
+
+def chat_jobs(ctx: ServerContext, req: ChatCompletionRequest) -> list[Job]:
+    check_common(ctx, req)
+    if req.tools:
+        raise ApiError(400, "tools: tool calling is not supported by plait", param="tools")
+    if req.top_logprobs and not req.logprobs:
+        raise ApiError(400, "top_logprobs: requires logprobs=true", param="top_logprobs")
+    ids = chat_prompt(ctx, req)
+    field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+    max_tokens = req.max_completion_tokens if field == "max_completion_tokens" else req.max_tokens
+    if max_tokens is None:
+        max_tokens = max(0, min(ctx.context_len, ctx.engine.info.kv_tokens) - len(ids))
+    check_lengths(ctx, len(ids), max_new=max_tokens, prompt_field="messages", max_field=field)
+    fields = sampling_fields(req, max_tokens)
+    if req.logprobs:
+        fields.update(return_logprob=True, top_logprobs_num=req.top_logprobs or 0)
+    return [Job(ids, make_params(fields))]
+
+
+def chat_prompt(ctx: ServerContext, req: ChatCompletionRequest) -> list[int]:
+    """Token ids of the conversation through the tokenizer's chat template."""
+    messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+    try:
+        return ctx.engine.tokenizer_manager.chat_ids(messages, **(req.chat_template_kwargs or {}))
+    except Exception as exc:  # noqa: BLE001 - template errors are the request's fault
+        raise ApiError(400, f"messages: chat template failed: {exc}", param="messages") from exc

@@ -1,0 +1,215 @@
+"""Engine results -> OpenAI response and stream-chunk objects.
+
+Completions and chat completions, with `usage` (cached prompt tokens under
+`prompt_tokens_details`), legacy and chat-style logprobs, and SSE chunks (the first chat
+chunk of a choice carries the role; with `stream_options.include_usage`, a last chunk with
+no choices carries the usage). Choice i is flat sample i (prompt-major).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from plait.backend.server.protocol import ChatCompletionRequest, CompletionRequest, OpenAISampling
+from plait.backend.server.serving import Chunks, Events, Job, ServerContext, job_of, raise_if_error
+
+Token = tuple[float, int]
+
+
+def finish_name(item: dict[str, Any]) -> str | None:
+    reason = item.get("finish_reason")
+    return None if reason is None else str(reason["type"])
+
+
+def usage(jobs: Sequence[Job], results: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Prompt tokens once per prompt (cached: what every sample found), completion tokens
+    of every sample."""
+    prompt = completion = cached = 0
+    start = 0
+    for job in jobs:
+        samples = [r["usage"] for r in results[start : start + job.params.n]]
+        start += job.params.n
+        prompt += samples[0]["prompt_tokens"]
+        cached += min(s["cached_tokens"] for s in samples)
+        completion += sum(s["completion_tokens"] for s in samples)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+
+
+def _envelope(req: OpenAISampling, *, kind: str, prefix: str) -> dict[str, Any]:
+    return {
+        "id": f"{prefix}-{uuid.uuid4().hex}",
+        "object": kind,
+        "created": int(time.time()),
+        "model": req.model,
+    }
+
+
+# --- completions --------------------------------------------------------------------------
+def completion_logprobs(
+    ctx: ServerContext, logprobs: dict[str, Any], *, echo: bool, top: int
+) -> dict[str, Any]:
+    """OpenAI's legacy logprobs object (prompt tokens first with `echo`); `text_offset`
+    indexes the choice's text."""
+    entries = list(logprobs.get("output") or [])
+    tops: list[Any] = list(logprobs.get("output_top") or [None] * len(entries))
+    if echo and logprobs.get("input"):
+        prompt = list(logprobs["input"])
+        entries = prompt + entries
+        tops = list(logprobs.get("input_top") or [None] * len(prompt)) + tops
+    tokens = [ctx.token_text(tid) for _, tid in entries]
+    offsets = [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+    return {
+        "tokens": tokens,
+        "token_logprobs": [value for value, _ in entries],
+        "top_logprobs": [_top_dict(ctx, t) for t in tops] if top else None,
+        "text_offset": offsets,
+    }
+
+
+def _top_dict(ctx: ServerContext, top: list[Token] | None) -> dict[str, float] | None:
+    return None if top is None else {ctx.token_text(tid): value for value, tid in top}
+
+
+def completion_choice(
+    ctx: ServerContext, req: CompletionRequest, *, item: dict[str, Any], index: int, prefix: str
+) -> dict[str, Any]:
+    """One choice (or chunk choice) from a result or an increment; `prefix` is the echo."""
+    logprobs = None
+    if req.logprobs is not None:
+        logprobs = completion_logprobs(ctx, item["logprobs"], echo=req.echo, top=req.logprobs)
+    text = prefix + item["text"]
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_name(item)}
+
+
+def echo_prefix(ctx: ServerContext, req: CompletionRequest, *, job: Job) -> str:
+    """The prompt's text when `echo` is set, else nothing."""
+    return str(ctx.engine.tokenizer.decode(job.input_ids)) if req.echo else ""
+
+
+def completion_response(
+    ctx: ServerContext, req: CompletionRequest, *, jobs: list[Job], results: list[Any]
+) -> dict[str, Any]:
+    choices = [
+        completion_choice(ctx, req, item=res, index=i, prefix=echo_prefix(ctx, req, job=job))
+        for i, (job, res) in enumerate(zip(job_of(jobs), results, strict=True))
+    ]
+    envelope = _envelope(req, kind="text_completion", prefix="cmpl")
+    return {**envelope, "choices": choices, "usage": usage(jobs, results)}
+
+
+# --- chat completions ---------------------------------------------------------------------
+def chat_logprobs(ctx: ServerContext, logprobs: dict[str, Any], *, top: int) -> dict[str, Any]:
+    """OpenAI's chat logprobs object: one entry per output token."""
+    entries = logprobs.get("output") or []
+    tops = logprobs.get("output_top") or [[] for _ in entries]
+    content = []
+    for token, alternatives in zip(entries, tops, strict=True):
+        entry = _chat_token(ctx, token)
+        entry["top_logprobs"] = [_chat_token(ctx, t) for t in alternatives] if top else []
+        content.append(entry)
+    return {"content": content}
+
+
+def _chat_token(ctx: ServerContext, token: Token) -> dict[str, Any]:
+    value, tid = token
+    text = ctx.token_text(tid)
+    return {"token": text, "logprob": value, "bytes": list(text.encode())}
+
+
+def _chat_logprobs_of(
+    ctx: ServerContext, req: ChatCompletionRequest, *, item: dict[str, Any]
+) -> dict[str, Any] | None:
+    if not req.logprobs:
+        return None
+    return chat_logprobs(ctx, item["logprobs"], top=req.top_logprobs or 0)
+
+
+def chat_response(
+    ctx: ServerContext, req: ChatCompletionRequest, *, jobs: list[Job], results: list[Any]
+) -> dict[str, Any]:
+    choices = [
+        {
+            "index": index,
+            "message": {"role": "assistant", "content": res["text"]},
+            "logprobs": _chat_logprobs_of(ctx, req, item=res),
+            "finish_reason": finish_name(res),
+        }
+        for index, res in enumerate(results)
+    ]
+    envelope = _envelope(req, kind="chat.completion", prefix="chatcmpl")
+    return {**envelope, "choices": choices, "usage": usage(jobs, results)}
+
+
+# --- streaming ----------------------------------------------------------------------------
+class ChunkWriter:
+    """One stream's chunk envelope, which choices have started, and their usage."""
+
+    def __init__(self, req: OpenAISampling, *, kind: str, prefix: str) -> None:
+        self.base = _envelope(req, kind=kind, prefix=prefix)
+        self.include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        self.usage: dict[int, dict[str, Any]] = {}
+        self.started: set[int] = set()
+
+    def chunk(self, choice: dict[str, Any]) -> dict[str, Any]:
+        self.started.add(choice["index"])
+        out = {**self.base, "choices": [choice]}
+        return {**out, "usage": None} if self.include_usage else out
+
+    def track(self, index: int, item: dict[str, Any]) -> bool:
+        """Record the increment's usage; True if it has nothing to send."""
+        if item.get("usage"):
+            self.usage[index] = item["usage"]
+        return not item["text"] and not item["output_ids"] and item["finish_reason"] is None
+
+    def final(self, jobs: Sequence[Job]) -> dict[str, Any] | None:
+        if not self.include_usage:
+            return None
+        results = [{"usage": self.usage[i]} for i in sorted(self.usage)]
+        return {**self.base, "choices": [], "usage": usage(jobs, results)}
+
+
+async def completion_chunks(
+    ctx: ServerContext, req: CompletionRequest, *, jobs: list[Job], events: Events
+) -> Chunks:
+    writer = ChunkWriter(req, kind="text_completion", prefix="cmpl")
+    by_index = job_of(jobs)
+    async with contextlib.aclosing(events):
+        async for index, item in events:
+            raise_if_error(ctx, item)
+            first = index not in writer.started
+            if writer.track(index, item) and not (first and req.echo):
+                continue
+            prefix = echo_prefix(ctx, req, job=by_index[index]) if first else ""
+            yield writer.chunk(completion_choice(ctx, req, item=item, index=index, prefix=prefix))
+    final = writer.final(jobs)
+    if final is not None:
+        yield final
+
+
+async def chat_chunks(
+    ctx: ServerContext, req: ChatCompletionRequest, *, jobs: list[Job], events: Events
+) -> Chunks:
+    writer = ChunkWriter(req, kind="chat.completion.chunk", prefix="chatcmpl")
+    async with contextlib.aclosing(events):
+        async for index, item in events:
+            raise_if_error(ctx, item)
+            first = index not in writer.started
+            if writer.track(index, item) and not first:
+                continue
+            delta = {"role": "assistant"} if first else {}
+            delta["content"] = item["text"]
+            logprobs = _chat_logprobs_of(ctx, req, item=item)
+            choice = {"index": index, "delta": delta, "logprobs": logprobs}
+            yield writer.chunk({**choice, "finish_reason": finish_name(item)})
+    final = writer.final(jobs)
+    if final is not None:
+        yield final

@@ -1,0 +1,181 @@
+"""Wire formats of the HTTP server: pydantic request models and the error body.
+
+OpenAI-compatible requests (`CompletionRequest`, `ChatCompletionRequest`) ignore unknown
+fields, as OpenAI's own clients send a few more than any server implements; SGLang's native
+`GenerateRequest` forbids them. Every validation error becomes HTTP 400 with a message that
+names the field (`validation_message`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_N = 64
+MAX_TOP_LOGPROBS = 20
+UNION_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
+
+
+class ApiError(Exception):
+    """An HTTP error with an OpenAI-style body; `param` names the offending field."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+
+
+def error_body(status: int, message: str, *, param: str | None = None) -> dict[str, Any]:
+    """`{"error": {...}}` as OpenAI sends it (SGLang's clients read `error.message`)."""
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+
+
+def validation_message(errors: Sequence[Any]) -> tuple[str, str | None]:
+    """(message, field) for the first pydantic error, e.g. "messages.0.role: Input should..."."""
+    if not errors:
+        return "invalid request", None
+    err = errors[0]
+    parts = [str(p) for p in err.get("loc", ()) if p != "body" and not _is_union_tag(p)]
+    field = ".".join(parts) or "body"
+    if err.get("type") == "json_invalid":
+        return f"body: malformed JSON ({err.get('ctx', {}).get('error', 'decode error')})", "body"
+    return f"{field}: {err.get('msg', 'invalid value')}", field
+
+
+def _is_union_tag(part: object) -> bool:
+    return isinstance(part, str) and ("[" in part or part in UNION_TAGS)
+
+
+# --- shared OpenAI request fields ---------------------------------------------------------
+class StreamOptions(BaseModel):
+    """`stream_options`: with include_usage, a last chunk carries the usage."""
+
+    include_usage: bool = False
+
+
+class JsonSchemaSpec(BaseModel):
+    """`response_format.json_schema`: the schema under `schema`."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    name: str = "output"
+    description: str | None = None
+    schema_: dict[str, Any] | bool | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """`response_format`: text (no constraint), json_object or json_schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaSpec | None = None
+
+
+class OpenAISampling(BaseModel):
+    """Fields shared by /v1/completions and /v1/chat/completions (OpenAI's plus the usual
+    extensions of open-source servers: top_k, min_p, regex, ebnf, ...)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    max_tokens: int | None = Field(default=None, ge=0)
+    temperature: float | None = Field(default=None, ge=0)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    n: int = Field(default=1, ge=1, le=MAX_N)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    response_format: ResponseFormat | None = None
+    top_k: int | None = None
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    repetition_penalty: float | None = Field(default=None, gt=0)
+    min_tokens: int | None = Field(default=None, ge=0)
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    stop_token_ids: list[int] | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+
+
+class CompletionRequest(OpenAISampling):
+    """POST /v1/completions."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    echo: bool = False
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    suffix: str | None = None
+    best_of: int | None = None
+
+
+class TextPart(BaseModel):
+    """A text part of a message's content (other part types are rejected)."""
+
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    """One message of a chat request."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content or ""
+
+
+class ChatCompletionRequest(OpenAISampling):
+    """POST /v1/chat/completions."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=0)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+# --- SGLang's native API ------------------------------------------------------------------
+class GenerateRequest(BaseModel):
+    """POST /generate, in SGLang's `GenerateReqInput` format (text-only fields)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: str | list[str] | None = None
+    input_ids: list[int] | list[list[int]] | None = None
+    sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
+    rid: str | list[str] | None = None
+    return_logprob: bool | list[bool] | None = None
+    logprob_start_len: int | list[int] | None = None
+    top_logprobs_num: int | list[int] | None = None
+    return_text_in_logprobs: bool = False
+    stream: bool = False
+    log_metrics: bool = True
+    image_data: None = None
+    audio_data: None = None
+    video_data: None = None
+    lora_path: None = None
+    token_ids_logprob: None = None
+    custom_logit_processor: None = None
+    return_hidden_states: Literal[False] = False
+    modalities: list[Any] | None = None
+
+
+class AbortBody(BaseModel):
+    """POST /abort_request."""
+
+    rid: str = ""
+    abort_all: bool = False

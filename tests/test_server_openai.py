@@ -1,0 +1,158 @@
+"""The OpenAI-compatible API through the official `openai` client, streaming and not."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+from server_helpers import MODEL, completion, sse_events
+
+from plait.runtime import Runtime
+
+GREEDY = {"temperature": 0, "extra_body": {"ignore_eos": True}}
+
+
+@pytest.fixture(scope="module")
+def client(plait_server: Runtime) -> openai.OpenAI:
+    return openai.OpenAI(base_url=plait_server.url + "/v1", api_key="unused", max_retries=0)
+
+
+def test_models_lists_the_served_model(client: openai.OpenAI) -> None:
+    models = client.models.list()
+    assert [m.id for m in models.data] == [MODEL]
+
+
+def test_completion_matches_its_stream(client: openai.OpenAI) -> None:
+    full = client.completions.create(model=MODEL, prompt="Once upon", max_tokens=12, **GREEDY)
+    choice = full.choices[0]
+    assert choice.finish_reason == "length"
+    assert full.usage.completion_tokens == 12
+    assert full.usage.total_tokens == full.usage.prompt_tokens + 12
+    stream = client.completions.create(
+        model=MODEL, prompt="Once upon", max_tokens=12, stream=True, **GREEDY
+    )
+    chunks = list(stream)
+    assert "".join(c.choices[0].text for c in chunks) == choice.text
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_chat_completion_and_stream_with_usage(client: openai.OpenAI) -> None:
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    full = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, **GREEDY)
+    assert full.choices[0].message.role == "assistant"
+    assert full.usage.completion_tokens == 10
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        max_tokens=10,
+        stream=True,
+        stream_options={"include_usage": True},
+        **GREEDY,
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == full.choices[0].message.content
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 10
+    # the prompt was just computed: the second request found it in the radix cache
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens > 0
+
+
+def test_n_seed_and_stop(client: openai.OpenAI) -> None:
+    args = {"model": MODEL, "prompt": "abc", "max_tokens": 8, "temperature": 1.0}
+    first = client.completions.create(n=3, seed=11, **args)
+    again = client.completions.create(n=3, seed=11, **args)
+    assert [c.index for c in first.choices] == [0, 1, 2]
+    assert [c.text for c in first.choices] == [c.text for c in again.choices]
+    greedy = client.completions.create(model=MODEL, prompt="abc", max_tokens=16, **GREEDY)
+    text = greedy.choices[0].text
+    stop = text[3:5]
+    if stop.strip():
+        cut = client.completions.create(
+            model=MODEL, prompt="abc", max_tokens=16, stop=[stop], **GREEDY
+        )
+        assert cut.choices[0].finish_reason == "stop"
+        assert cut.choices[0].text == text[: text.find(stop)]
+
+
+def test_batch_prompts_number_choices_prompt_major(plait_server: Runtime) -> None:
+    r = completion(plait_server.url, ["one", "two"], 4, n=2, ignore_eos=True)
+    assert r.status_code == 200
+    choices = r.json()["choices"]
+    assert [c["index"] for c in choices] == [0, 1, 2, 3]
+    assert choices[0]["text"] == choices[1]["text"]  # greedy: both samples of "one"
+    assert r.json()["usage"]["completion_tokens"] == 16
+
+
+def test_logprobs(client: openai.OpenAI) -> None:
+    out = client.completions.create(
+        model=MODEL, prompt="Hello there", max_tokens=5, logprobs=3, **GREEDY
+    )
+    lp = out.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == 5
+    assert all(len(top) >= 1 for top in lp.top_logprobs)
+    assert all(v <= 0 for v in lp.token_logprobs)
+    chat = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "x"}],
+        max_tokens=4,
+        logprobs=True,
+        top_logprobs=2,
+        **GREEDY,
+    )
+    content = chat.choices[0].logprobs.content
+    assert len(content) == 4 and all(len(t.top_logprobs) == 2 for t in content)
+    assert content[0].top_logprobs[0].logprob >= content[0].top_logprobs[1].logprob
+
+
+def test_echo_returns_prompt_logprobs(plait_server: Runtime) -> None:
+    r = completion(plait_server.url, "one two three", 2, echo=True, logprobs=1, ignore_eos=True)
+    choice = r.json()["choices"][0]
+    assert choice["text"].startswith("one two three")
+    usage = r.json()["usage"]
+    assert len(choice["logprobs"]["tokens"]) == usage["prompt_tokens"] + 2
+    assert choice["logprobs"]["token_logprobs"][0] is None
+
+
+@pytest.mark.parametrize(
+    "response_format",
+    [
+        {"type": "json_object"},
+        {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}},
+    ],
+)
+def test_response_format_is_constrained_or_clearly_unavailable(
+    client: openai.OpenAI, response_format: dict[str, object]
+) -> None:
+    try:
+        out = client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "json please"}],
+            max_tokens=64,
+            response_format=response_format,  # type: ignore[arg-type]
+        )
+    except openai.BadRequestError as exc:
+        assert "constrained decoding is not available" in str(exc)
+        return
+    if out.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(out.choices[0].message.content or ""), dict)
+
+
+def test_regex_extension_field(plait_server: Runtime) -> None:
+    r = completion(plait_server.url, "digits:", 8, regex="[0-9]+")
+    if r.status_code == 400:
+        assert "not available" in r.json()["error"]["message"]
+    else:
+        assert r.json()["choices"][0]["text"].isdigit()
+
+
+def test_raw_sse_format(plait_server: Runtime) -> None:
+    body = {"model": MODEL, "prompt": "sse", "max_tokens": 3, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", plait_server.url + "/v1/completions", json=body) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        lines = list(r.iter_lines())
+    assert lines[-2:] == ["data: [DONE]", ""] or lines[-1] == "data: [DONE]"
+    events = sse_events(lines)
+    assert events[-1]["choices"][0]["finish_reason"] == "length"
