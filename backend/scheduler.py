@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import torch
 
@@ -28,6 +29,26 @@ from plait.kernels import apply_token_bitmask
 
 DecodeFn = Callable[[list[int]], str]
 FUTURE_TOKENS_CLIP = 4096
+GRAMMAR_WAIT_S = 0.002
+SHARED_KEY_TOKENS = 32  # requests whose next uncached tokens match wait one step to share
+
+
+@dataclass
+class _Admission:
+    """Running totals while one step admits requests."""
+
+    budget: int
+    planned: int
+    future: int
+    admitted: list[Req] = field(default_factory=list)
+    prefix_keys: set[tuple[int, tuple[int, ...]]] = field(default_factory=set)
+
+    def take(self, req: Req, chunk: int, future: int, key: tuple[int, tuple[int, ...]]) -> None:
+        self.budget -= chunk
+        self.planned += chunk
+        self.future += future
+        self.admitted.append(req)
+        self.prefix_keys.add(key)
 
 
 class Scheduler:
@@ -113,6 +134,8 @@ class Scheduler:
         if self.grammar is None or not self.compiling:
             return []
         ready, failed = self.grammar.poll()
+        if not (ready or failed or self.running or self.waiting):
+            time.sleep(GRAMMAR_WAIT_S)  # only compiles in flight: do not spin the loop
         for req in ready + failed:
             self.compiling.remove(req)
         self.waiting.extend(ready)
@@ -234,52 +257,56 @@ class Scheduler:
     def _admit(self) -> list[Req]:
         """Prefill work for this step: the chunked request's next chunk, then new requests."""
         budget = self.config.prefill_budget
-        admitted: list[Req] = []
-        planned = self.kv.pages_for(self.running) * self.kv.kv_pool.page_size
         if self.chunked is not None:
             req = self.chunked
             req.extend_len = min(req.seq_len - req.kv_len, budget)
-            admitted.append(req)
-            planned += req.extend_len
             if req.will_sample():
                 self.chunked = None
-            return admitted
-        future = self._future_tokens(self.running)
-        prefilling_groups = {r.group for r in self.running if not r.is_decoding()}
+            return [req]
+        plan = _Admission(
+            budget=budget,
+            planned=self.kv.pages_for(self.running) * self.kv.kv_pool.page_size,
+            future=self._future_tokens(self.running),
+        )
         for req in self.policy.order(self.waiting) if self.waiting else []:
-            if len(self.running) >= self.config.max_running_requests or budget <= 0:
+            if len(self.running) >= self.config.max_running_requests or plan.budget <= 0:
                 break
-            if req.group is not None and req.group in prefilling_groups:
-                continue
             if not self.kv.req_pool.can_allocate():
                 break
-            first = not req.admitted_once
-            self.kv.admit(req, self.kv.match(req))
-            extend = req.seq_len - req.kv_len
-            need = planned + extend + future + self._future_tokens([req])
-            if need > self.kv.available_tokens():
-                self.kv.release(req, cache=False)
+            admitted = self._admit_one(req, plan)
+            if admitted is None:
                 break
-            chunk = extend if not self.config.chunked_prefill_size else min(extend, budget)
-            if chunk < extend and budget < self.kv.kv_pool.page_size:
-                self.kv.release(req, cache=False)
+            if admitted and self.chunked is not None:
                 break
-            req.extend_len = chunk
-            budget -= chunk
-            planned += chunk
-            future += self._future_tokens([req])
-            self.waiting.remove(req)
-            self.running.append(req)
-            admitted.append(req)
-            if first:
-                req.cached_tokens, req.admitted_once = req.kv_len, True
-                self._counters["cache_hit"] += req.cached_tokens
-                self._counters["prompt"] += req.prompt_len
-            prefilling_groups.add(req.group)
-            if chunk < extend:
-                self.chunked = req
-                break
-        return admitted
+        return plan.admitted
+
+    def _admit_one(self, req: Req, plan: _Admission) -> bool | None:
+        """Admit `req` if it fits: True admitted, False deferred, None stop admitting."""
+        match = self.kv.match(req)
+        key = (match.length, tuple(req_ids(req, match.length, match.length + SHARED_KEY_TOKENS)))
+        if not self.kv.tree.disabled and key in plan.prefix_keys:
+            return False  # shares its uncached prefix with a request admitted this step
+        first = not req.admitted_once
+        self.kv.admit(req, match)
+        extend = req.seq_len - req.kv_len
+        need = plan.planned + extend + plan.future + self._future_tokens([req])
+        chunk = min(extend, plan.budget) if self.config.chunked_prefill_size else extend
+        if need > self.kv.available_tokens() or (
+            chunk < extend and plan.budget < self.kv.kv_pool.page_size
+        ):
+            self.kv.release(req, cache=False)
+            return None
+        req.extend_len = chunk
+        plan.take(req, chunk, self._future_tokens([req]), key)
+        self.waiting.remove(req)
+        self.running.append(req)
+        if first:
+            req.cached_tokens, req.admitted_once = req.kv_len, True
+            self._counters["cache_hit"] += req.cached_tokens
+            self._counters["prompt"] += req.prompt_len
+        if chunk < extend:
+            self.chunked = req
+        return True
 
     # --- forward inputs ---------------------------------------------------------------
     def _prepare(self, batch: list[Req]) -> ForwardBatch:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import copy
 import queue
 import threading
@@ -147,34 +148,48 @@ class ProgramState:
             raise self._exec.error
 
     def _listen(self, listener: Callable[[TextEvent], None]) -> None:
-        """Replay what was produced so far, then follow live events (on the run's loop)."""
-        ready = threading.Event()
+        """Replay what was produced so far, then follow live events. Attaching runs on the
+        run's loop; once the state is finished (no more events), from any thread."""
+        lock, attached = threading.Lock(), threading.Event()
 
         def attach() -> None:
-            for event in self._exec.events:
-                listener(event)
-            if self._exec.finished.is_set():
-                listener((None, None))
-            else:
-                self._exec.listeners.append(listener)
-            ready.set()
+            with lock:
+                if attached.is_set():
+                    return
+                for event in list(self._exec.events):
+                    listener(event)
+                if self._exec.finished.is_set():
+                    listener((None, None))
+                else:
+                    self._exec.listeners.append(listener)
+                attached.set()
 
-        if _on_loop_thread(self._loop):
+        if self._exec.finished.is_set() or _on_loop_thread(self._loop):
             attach()
-        else:
+            return
+        try:
             self._loop.call_soon_threadsafe(attach)
-            ready.wait()
+        except RuntimeError:  # the loop already closed: the state is final
+            attach()
+        while not attached.wait(0.05):
+            if self._exec.finished.is_set():
+                attach()
 
     # --- waiting ----------------------------------------------------------------------
     def _wait(self, make: Callable[[], Awaitable[Any]]) -> Any:
         """Block the caller until the awaitable is done, whichever thread it is on."""
         if in_program():
             return await_in_program(make())
-        if self._loop.is_running() and not _on_loop_thread(self._loop):
-            return asyncio.run_coroutine_threadsafe(_as_coro(make), self._loop).result()
-        if self._loop.is_running():
+        if self._exec.finished.is_set():
+            return _finished_value(make)
+        if _on_loop_thread(self._loop):
             raise RuntimeError("use `await state.aget(name)` inside async code on the run's loop")
-        return _finished_value(make)
+        try:
+            return asyncio.run_coroutine_threadsafe(_as_coro(make), self._loop).result()
+        except (RuntimeError, concurrent.futures.CancelledError):
+            if not self._exec.finished.is_set():  # the run's loop ended before the state
+                raise
+            return _finished_value(make)
 
     async def aget(self, name: str) -> Any:
         """`await s.aget("x")` from async code running on the run's own loop."""

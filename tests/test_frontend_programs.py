@@ -36,10 +36,9 @@ def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
             yield local
         return
     from plait.clients.http import HttpBackend
-    from plait.runtime import Runtime
 
-    with Runtime(model="plait-tiny", kv_tokens=TEST_KV_TOKENS) as runtime:
-        yield HttpBackend(runtime.url)
+    server = request.getfixturevalue("plait_server")  # one server shared by the session
+    yield HttpBackend(server.url)
 
 
 # --- programs ---------------------------------------------------------------------------
