@@ -33,10 +33,6 @@ class OutputBuilder:
         positions = self.input_logprob_positions(req)
         rec, ids = req.logprobs, req.origin_input_ids
         k = req.params.top_logprobs_num
-        if not rec.input and req.params.logprob_start_len == 0:
-            rec.input.append((None, ids[0]))
-            if k:
-                rec.input_top.append(None)
         logprobs = torch.log_softmax(logits.float(), dim=-1)
         targets = torch.tensor([ids[p + 1] for p in positions], device=logprobs.device)
         chosen = logprobs.gather(1, targets[:, None]).squeeze(1).tolist()
@@ -45,8 +41,15 @@ class OutputBuilder:
             rec.input_top.extend(_topk(row, k) for row in logprobs)
 
     def mark_input_done(self, req: Req) -> None:
-        if req.kv_len >= req.prompt_len:
-            req.logprobs.input_done = True
+        """After the prompt's last chunk; the first prompt token has no logprob (None)."""
+        rec = req.logprobs
+        if req.kv_len < req.prompt_len or rec.input_done:
+            return
+        rec.input_done = True
+        if req.params.return_logprob and req.params.logprob_start_len == 0:
+            rec.input.insert(0, (None, req.origin_input_ids[0]))
+            if req.params.top_logprobs_num:
+                rec.input_top.insert(0, None)
 
     # --- output logprobs --------------------------------------------------------------
     def record_output_logprob(self, req: Req, logprobs: torch.Tensor, token: int) -> None:

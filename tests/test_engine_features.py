@@ -145,3 +145,13 @@ def test_abort_frees_kv_and_flush(engine: Engine) -> None:
     assert engine.flush_cache()
     stats = engine.stats()
     assert stats.kv_used_tokens == 0 and stats.extra["cached_tokens"] == 0
+
+
+def test_prompt_logprobs_from_position_zero(engine: Engine) -> None:
+    params = greedy(1, return_logprob=True, logprob_start_len=0)
+    one = engine.generate(input_ids=[321], sampling_params=params)
+    assert one["logprobs"]["input"] == [(None, 321)]
+    three = engine.generate(input_ids=[321, 322, 323], sampling_params=params)
+    assert [t for _, t in three["logprobs"]["input"]] == [321, 322, 323]
+    assert three["logprobs"]["input"][0][0] is None
+    assert all(isinstance(v, float) for v, _ in three["logprobs"]["input"][1:])
