@@ -125,6 +125,7 @@ class TokenizerManager:
         self.closed: str | None = None  # set once the runtime is gone for good
         self._lock = threading.Lock()
         self._ids = itertools.count()
+        self._prefix = uuid.uuid4().hex[:12]  # request ids: this prefix and a counter
 
     # --- tokenization -----------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -140,7 +141,7 @@ class TokenizerManager:
 
     # --- requests ---------------------------------------------------------------------
     def new_rid(self) -> str:
-        return f"{uuid.uuid4().hex[:12]}-{next(self._ids)}"
+        return f"{self._prefix}-{next(self._ids)}"
 
     def submit(
         self,
@@ -196,7 +197,7 @@ class TokenizerManager:
             return list(self.states)
 
     def control(self, kind: str) -> Future[Any]:
-        call_id = uuid.uuid4().hex
+        call_id = f"{self._prefix}-call-{next(self._ids)}"
         fut: Future[Any] = Future()
         with self._lock:
             closed = self.closed
