@@ -9,6 +9,9 @@ from typing import Any, cast
 import torch
 
 
+MIN_SHARED_PREFIX = 64  # below this, reading the prefix per request costs little
+
+
 @dataclass(frozen=True)
 class ForwardBatch:
     """A mixed batch: requests that extend by several tokens first, then decodes (1 token).
@@ -28,6 +31,7 @@ class ForwardBatch:
     num_extend_tokens: int
     logit_indices: torch.Tensor  # [N] int64 into the token dimension
     req_to_token: torch.Tensor  # the pool's [max_reqs, max_len] int32 table (not copied)
+    decode_shared_prefix: int = 0  # leading positions all decode requests share slots for
 
     @property
     def num_tokens(self) -> int:
@@ -78,4 +82,18 @@ class ForwardBatch:
             num_extend_tokens=int(extend[:num_ext].sum()),
             logit_indices=torch.tensor(logit_indices, dtype=torch.int64),
             req_to_token=req_to_token,
+            decode_shared_prefix=shared_prefix(
+                req_to_token, req_rows[num_ext:], prefix_lens[num_ext:]
+            ),
         )
+
+
+def shared_prefix(table: torch.Tensor, rows: list[int], lens: list[int]) -> int:
+    """How many leading positions map to the same KV slots in every one of `rows` (requests
+    forked from one prompt, a few-shot batch): decode attention then reads them once."""
+    limit = min(lens, default=0)
+    if len(rows) < 2 or limit < MIN_SHARED_PREFIX or not table.is_cpu:
+        return 0
+    block = table[rows, :limit]
+    same = (block == block[:1]).all(dim=0)
+    return limit if bool(same.all()) else int(same.to(torch.int8).argmin())

@@ -92,6 +92,7 @@ class Attention(nn.Module):
                     batch.seq_lens[ne:],
                     scale=self.scale,
                     sliding_window=window,
+                    shared_prefix_len=batch.decode_shared_prefix,
                 )
             )
         return parts[0] if len(parts) == 1 else torch.cat(parts)

@@ -29,6 +29,7 @@ def paged_decode_attention(
     *,
     scale: float,
     sliding_window: int | None = None,
+    shared_prefix_len: int = 0,
     impl: str = "auto",
 ) -> torch.Tensor:
     """Attention of ``q`` [B, Hq, D] over each request's cached K/V; returns [B, Hq, D].
@@ -36,6 +37,8 @@ def paged_decode_attention(
     ``k_pool``/``v_pool`` [S, Hkv, D] (q's dtype), ``req_to_token`` [R, L] int32,
     ``req_slots``/``seq_lens`` [B] ints. Scores and softmax in fp32; output in q's dtype. With
     ``sliding_window`` w only key positions ``kpos > query_pos - w`` are attended.
+    ``shared_prefix_len`` P (a hint; 0 = none): positions [0, P) of every request map to the
+    same slots, so the torch path reads that prefix once for the whole batch (cascade).
     """
     batch = check_paged_attention(
         q,
@@ -50,11 +53,19 @@ def paged_decode_attention(
         raise ValueError(f"req_slots must have one entry per query row ({q.shape[0]}), got {batch}")
     if batch == 0:
         return torch.empty_like(q)
-    fn = (
-        paged_decode_attention_triton
-        if choose_impl(impl, q.device) == "triton"
-        else paged_decode_attention_torch
-    )
+    use_triton = choose_impl(impl, q.device) == "triton"
+    if not use_triton and shared_prefix_len > 0 and sliding_window is None:
+        return paged_decode_attention_shared_torch(
+            q,
+            k_pool,
+            v_pool,
+            req_to_token,
+            req_slots,
+            seq_lens,
+            scale=scale,
+            shared_prefix_len=shared_prefix_len,
+        )
+    fn = paged_decode_attention_triton if use_triton else paged_decode_attention_torch
     return fn(
         q,
         k_pool,
@@ -134,6 +145,48 @@ def _decode_chunk(
     if bool((seq == 0).any()):
         probs = probs.nan_to_num_(0.0)
     return torch.matmul(probs, v).reshape(b, hq, d).to(q.dtype)
+
+
+def paged_decode_attention_shared_torch(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_slots: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    scale: float,
+    shared_prefix_len: int,
+) -> torch.Tensor:
+    """CPU path when every request starts with the same P slots: the prefix's K/V are read
+    once and scored against all queries in one matmul per kv head; each request's own
+    suffix is gathered as usual; one softmax over both parts."""
+    b, hq, d = q.shape
+    hkv, p = k_pool.shape[1], shared_prefix_len
+    seq = seq_lens.long()
+    if p > int(seq.min()):
+        raise ValueError(f"shared_prefix_len {p} exceeds the shortest sequence {int(seq.min())}")
+    shared = req_to_token[req_slots[0].long(), :p].long()
+    kp = k_pool.index_select(0, shared).float().permute(1, 2, 0)  # [hkv, d, p]
+    vp = v_pool.index_select(0, shared).float().permute(1, 0, 2)  # [hkv, p, d]
+    qf = q.float().view(b, hkv, hq // hkv, d)
+    qh = qf.permute(1, 0, 2, 3).reshape(hkv, -1, d)  # [hkv, b * group, d]
+    sp = torch.bmm(qh, kp).view(hkv, b, hq // hkv, p).permute(1, 0, 2, 3)
+    span = int(seq.max()) - p
+    pos = p + torch.arange(span, device=q.device).unsqueeze(0).expand(b, span)
+    valid = pos < seq.unsqueeze(1)
+    slots = gather_slots(req_to_token, req_slots, pos, valid)
+    heads = torch.arange(hkv, device=q.device).view(1, hkv, 1)
+    rows = (slots.unsqueeze(1) * hkv + heads).view(-1)
+    ks = k_pool.view(-1, d).index_select(0, rows).view(b, hkv, span, d).float()
+    vs = v_pool.view(-1, d).index_select(0, rows).view(b, hkv, span, d).float()
+    ss = torch.matmul(qf, ks.transpose(-1, -2))
+    ss.masked_fill_(~valid[:, None, None, :], float("-inf"))
+    probs = torch.softmax(torch.cat([sp, ss], dim=-1).mul_(scale), dim=-1)
+    pp = probs[..., :p].permute(1, 0, 2, 3).reshape(hkv, -1, p)
+    out = torch.bmm(pp, vp).view(hkv, b, hq // hkv, d).permute(1, 0, 2, 3)
+    out = out + torch.matmul(probs[..., p:], vs)
+    return out.reshape(b, hq, d).to(q.dtype)
 
 
 # ---------------------------------------------------------------------------------------------

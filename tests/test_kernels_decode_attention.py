@@ -135,3 +135,21 @@ def test_input_checks() -> None:
         )
     with pytest.raises(ValueError, match="scale"):
         paged_decode_attention(q, k_pool, v_pool, r2t, req_slots, seq_lens, scale=None)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("hq", "hkv", "prefix"), [(8, 2, 5), (4, 4, 33), (8, 1, 1)])
+def test_shared_prefix_path_matches_naive(hq: int, hkv: int, prefix: int) -> None:
+    """Requests whose first `prefix` positions share slots: the cascade path is exact."""
+    q, k_pool, v_pool, r2t, req_slots, seq_lens = make_case(
+        [40, 33, 70, 35], hq, hkv, 16, torch.float32
+    )
+    shared = r2t[req_slots[0], :prefix].clone()
+    for row in req_slots:
+        r2t[row, :prefix] = shared
+    out = paged_decode_attention(
+        q, k_pool, v_pool, r2t, req_slots, seq_lens, scale=0.3, shared_prefix_len=prefix
+    )
+    want = naive_decode(q, k_pool, v_pool, r2t, req_slots, seq_lens, scale=0.3)
+    torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5)
+    plain = paged_decode_attention(q, k_pool, v_pool, r2t, req_slots, seq_lens, scale=0.3)
+    torch.testing.assert_close(out, plain, atol=1e-5, rtol=1e-5)
