@@ -8,7 +8,6 @@ from typing import Any, cast
 
 import torch
 
-
 MIN_SHARED_PREFIX = 64  # below this, reading the prefix per request costs little
 
 
