@@ -51,8 +51,8 @@ def plain(s, topic):  # type: ignore[no-untyped-def]
 @plait.program
 def constrained(s):  # type: ignore[no-untyped-def]
     s += "Date: " + plait.gen("date", regex=DATE, max_tokens=16) + "\n"
-    s += "Record: " + plait.gen("record", json_schema=SCHEMA, max_tokens=64) + "\n"
-    s += "City: " + plait.gen("city", json_schema=City, max_tokens=64) + "\n"
+    s += "Record: " + plait.gen("record", json_schema=SCHEMA, max_tokens=512) + "\n"
+    s += "City: " + plait.gen("city", json_schema=City, max_tokens=512) + "\n"
     s += "Count: " + plait.gen("count", dtype=int) + "\n"
     s += "Color: " + plait.gen("color", choices=["red", "green", "blue"])
 
@@ -128,6 +128,7 @@ def test_plain_gen_text_and_usage(backend: Backend) -> None:
 def test_constraints_hold(backend: Backend) -> None:
     state = constrained.run(backend=backend, temperature=1.0, seed=5)
     assert re.fullmatch(DATE, state["date"])
+    assert state.meta("record")["finish_reason"]["type"] == "stop"
     jsonschema.validate(json.loads(state["record"], strict=False), SCHEMA)
     assert isinstance(state["city"], City)
     assert isinstance(state["count"], int)
