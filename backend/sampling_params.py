@@ -80,8 +80,11 @@ class SamplingParams:
             raise ValueError(f"sampling_params: unknown field(s) {unknown}")
         if isinstance(data.get("stop"), str):
             data["stop"] = [data["stop"]]
-        if isinstance(data.get("json_schema"), dict):
-            data["json_schema"] = json.dumps(data["json_schema"])
+        schema = data.get("json_schema")
+        if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
+            schema = schema.model_json_schema()  # a pydantic model class
+        if isinstance(schema, dict):
+            data["json_schema"] = json.dumps(schema)
         for name in ("stop", "stop_token_ids", "choices"):
             if data.get(name) is not None:
                 if not isinstance(data[name], (list, tuple)):

@@ -134,6 +134,7 @@ class ProgramState:
         """`async for` over text as it is produced, from any event loop."""
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[TextEvent] = asyncio.Queue()
+
         def forward(event: TextEvent) -> None:
             loop.call_soon_threadsafe(events.put_nowait, event)
 

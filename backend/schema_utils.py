@@ -1,0 +1,159 @@
+"""Small JSON Schema helpers shared by the rewrite and the warning walker: local `$ref`
+resolution, regex anchor analysis, JSON types, and whether `oneOf` branches are disjoint."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+ANNOTATIONS = frozenset(
+    {
+        "$schema",
+        "$id",
+        "id",
+        "$comment",
+        "$defs",
+        "definitions",
+        "title",
+        "description",
+        "default",
+        "examples",
+        "deprecated",
+        "readOnly",
+        "writeOnly",
+        "$anchor",
+    }
+)
+
+
+def resolve_ref(root: Any, ref: str) -> Any:
+    """The subschema a local `$ref` ("#/a/b") points at, or None."""
+    node = root
+    for part in ref[1:].split("/")[1:] if ref != "#" else []:
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
+
+
+@dataclass(frozen=True)
+class PatternShape:
+    """Where a regex has unescaped ^/$ (outside classes) and whether it has a top-level |."""
+
+    anchors: tuple[int, ...]
+    top_level_bar: bool
+    length: int
+
+    @property
+    def starts(self) -> bool:
+        return 0 in self.anchors
+
+    @property
+    def ends(self) -> bool:
+        return self.length > 0 and self.length - 1 in self.anchors
+
+    @property
+    def inner_anchors(self) -> bool:
+        """Anchors that do not simply bound the whole pattern."""
+        inner = any(a not in (0, self.length - 1) for a in self.anchors)
+        return inner or (self.top_level_bar and bool(self.anchors))
+
+
+def pattern_shape(pattern: str) -> PatternShape:
+    anchors, bar = [], False
+    escaped, in_class, depth = False, False, 0
+    for i, ch in enumerate(pattern):
+        if escaped:
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        elif in_class:
+            in_class = ch != "]"
+        elif ch == "[":
+            in_class = True
+        elif ch in "()":
+            depth += 1 if ch == "(" else -1
+        elif ch in "^$":
+            anchors.append(i)
+        elif ch == "|" and depth == 0:
+            bar = True
+    return PatternShape(tuple(anchors), bar, len(pattern))
+
+
+def has_type(value: Any, types: set[str]) -> bool:
+    kinds = {
+        "string": isinstance(value, str),
+        "integer": isinstance(value, int) and not isinstance(value, bool),
+        "number": isinstance(value, (int, float)) and not isinstance(value, bool),
+        "boolean": isinstance(value, bool),
+        "null": value is None,
+        "object": isinstance(value, dict),
+        "array": isinstance(value, list),
+    }
+    return any(kinds.get(t, False) for t in types)
+
+
+def node_types(node: dict[str, Any]) -> set[str]:
+    t = node.get("type")
+    return {t} if isinstance(t, str) else set(t) if isinstance(t, list) else set()
+
+
+def disjoint(root: Any, branches: list[Any]) -> bool:
+    """Whether no value can match two branches (so anyOf == oneOf): distinct types, distinct
+    constants, or a required discriminator property with distinct constants."""
+    nodes = [_deref(root, b) for b in branches]
+    if not all(isinstance(n, dict) for n in nodes):
+        return False
+    return (
+        _distinct(_type_sig(n) for n in nodes)
+        or _distinct(_const_sig(n) for n in nodes)
+        or (_discriminated(root, nodes))
+    )
+
+
+def _deref(root: Any, node: Any) -> Any:
+    for _ in range(8):
+        if isinstance(node, dict) and isinstance(node.get("$ref"), str):
+            node = resolve_ref(root, node["$ref"])
+    return node
+
+
+def _type_sig(node: dict[str, Any]) -> frozenset[str] | None:
+    types = node_types(node)
+    if not types or "enum" in node or "const" in node:
+        return None if not types else frozenset(types)
+    numeric = {"integer", "number"} if types & {"integer", "number"} else set()
+    return frozenset(types | numeric)
+
+
+def _const_sig(node: dict[str, Any]) -> frozenset[str] | None:
+    if "const" in node:
+        return frozenset([json.dumps(node["const"], sort_keys=True)])
+    if isinstance(node.get("enum"), list):
+        return frozenset(json.dumps(v, sort_keys=True) for v in node["enum"])
+    return None
+
+
+def _distinct(sigs: Iterator[frozenset[str] | None]) -> bool:
+    seen: set[str] = set()
+    for sig in sigs:
+        if sig is None or sig & seen:
+            return False
+        seen |= sig
+    return True
+
+
+def _discriminated(root: Any, nodes: list[dict[str, Any]]) -> bool:
+    shared = set.intersection(*(set(n.get("required") or []) for n in nodes))
+    for name in sorted(shared):
+        props = [_deref(root, (n.get("properties") or {}).get(name)) for n in nodes]
+        sigs = (_const_sig(p) if isinstance(p, dict) else None for p in props)
+        if _distinct(sigs):
+            return True
+    return False

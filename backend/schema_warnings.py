@@ -1,0 +1,301 @@
+"""JSON Schema keywords the grammar cannot enforce exactly, found by walking the schema.
+
+xgrammar turns a JSON Schema into a grammar; some keywords have no grammar form and are
+dropped, others are narrowed. Each finding is a `SchemaGap`: `loose` when the grammar may
+accept instances the schema rejects (e.g. `uniqueItems`, `not`), `strict` when it may reject
+instances the schema accepts (e.g. an unanchored `pattern` is matched against the whole
+string). The walk follows local `$ref`s from the root, so unused definitions are not reported.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from plait.backend.schema_utils import (
+    ANNOTATIONS,
+    disjoint,
+    has_type,
+    node_types,
+    pattern_shape,
+    resolve_ref,
+)
+
+Effect = Literal["loose", "strict"]
+
+ALWAYS_LOOSE = {
+    "not": "the negated schema is not excluded",
+    "if": "conditional (if/then/else) schemas are not applied",
+    "contains": "no item is required to match",
+    "minContains": "the count of matching items is not checked",
+    "maxContains": "the count of matching items is not checked",
+    "dependencies": "properties required by other properties are not enforced",
+    "dependentRequired": "properties required by other properties are not enforced",
+    "dependentSchemas": "schemas applied by other properties are not enforced",
+}
+# Formats xgrammar turns into a regular language; any other format is not checked.
+FORMATS = frozenset(
+    {
+        "date",
+        "date-time",
+        "time",
+        "email",
+        "hostname",
+        "ipv4",
+        "ipv6",
+        "uri",
+        "uri-reference",
+        "uri-template",
+        "uuid",
+        "duration",
+        "json-pointer",
+        "relative-json-pointer",
+    }
+)
+CALENDAR_FORMATS = frozenset({"date", "date-time"})
+TYPE_KEYWORDS = {
+    "string": ("minLength", "maxLength", "pattern", "format"),
+    "number": ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"),
+    "array": ("minItems", "maxItems"),
+    "object": ("minProperties", "maxProperties"),
+}
+LOOKAROUND = re.compile(r"\(\?<?[=!]")
+BOUNDED_THEN_OPTIONAL = re.compile(r"\{\d+(,\d*)?\}.*\)[?*]")
+
+
+@dataclass(frozen=True)
+class SchemaGap:
+    """One keyword the grammar does not enforce as the schema says."""
+
+    keyword: str
+    path: str
+    effect: Effect
+    detail: str
+
+
+def schema_gaps(schema: Any, *, strict_mode: bool = True) -> list[SchemaGap]:
+    """Every gap reachable from the root of `schema` (a parsed JSON Schema)."""
+    walker = _Walker(schema, strict_mode=strict_mode)
+    walker.visit(schema, "")
+    return walker.gaps
+
+
+def gap_warnings(gaps: list[SchemaGap]) -> tuple[str, ...]:
+    """One warning per (keyword, detail), naming the keyword and where it occurs."""
+    grouped: dict[tuple[str, str, str], list[str]] = {}
+    for gap in gaps:
+        grouped.setdefault((gap.keyword, gap.effect, gap.detail), []).append(gap.path or "/")
+    out = []
+    for (keyword, effect, detail), paths in grouped.items():
+        where = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+        verb = "is not enforced" if effect == "loose" else "is enforced more strictly"
+        out.append(f"json_schema keyword '{keyword}' {verb} ({detail}) at {where}")
+    return tuple(out)
+
+
+class _Walker:
+    """Depth-first walk over subschemas, following local $refs once."""
+
+    def __init__(self, root: Any, *, strict_mode: bool) -> None:
+        self.root = root
+        self.strict_mode = strict_mode
+        self.gaps: list[SchemaGap] = []
+        self.seen: set[str] = set()
+
+    def visit(self, node: Any, path: str) -> None:
+        if not isinstance(node, dict):
+            return
+        for rule in RULES:
+            for keyword, effect, detail in rule(self, node):
+                self.gaps.append(SchemaGap(keyword, path, effect, detail))
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#") and ref not in self.seen:
+            self.seen.add(ref)
+            self.visit(resolve_ref(self.root, ref), ref[1:])
+        for key, child in _children(node, path):
+            self.visit(child, key)
+
+
+def _children(node: dict[str, Any], path: str) -> Iterator[tuple[str, Any]]:
+    for key in ("properties", "patternProperties", "dependentSchemas"):
+        if isinstance(node.get(key), dict):
+            for name, sub in node[key].items():
+                yield f"{path}/{key}/{_escape(name)}", sub
+    for key in ("allOf", "anyOf", "oneOf", "prefixItems", "items"):
+        if isinstance(node.get(key), list):
+            for i, sub in enumerate(node[key]):
+                yield f"{path}/{key}/{i}", sub
+    for key in ("items", "additionalProperties", "additionalItems", "propertyNames", "contains"):
+        if isinstance(node.get(key), dict):
+            yield f"{path}/{key}", node[key]
+    for key in ("not", "if", "then", "else", "unevaluatedProperties", "unevaluatedItems"):
+        if isinstance(node.get(key), dict):
+            yield f"{path}/{key}", node[key]
+
+
+def _escape(name: str) -> str:
+    return name.replace("~", "~0").replace("/", "~1")
+
+
+Finding = tuple[str, Effect, str]
+
+
+def _always_loose(w: _Walker, node: dict[str, Any]) -> Iterator[Finding]:
+    for keyword, detail in ALWAYS_LOOSE.items():
+        if keyword in node:
+            yield keyword, "loose", detail
+    if node.get("uniqueItems") is True:
+        yield "uniqueItems", "loose", "duplicate items are not rejected"
+    if "unevaluatedProperties" in node and not w.strict_mode:
+        yield "unevaluatedProperties", "loose", "properties left unevaluated are not rejected"
+
+
+def _multiple_of(w: _Walker, node: dict[str, Any]) -> Iterator[Finding]:
+    step = node.get("multipleOf")
+    if step is None:
+        return
+    integral = node_types(node) == {"integer"} and isinstance(step, int)
+    if not integral:
+        yield "multipleOf", "loose", "only integer multipleOf on integer types is enforced"
+
+
+def _combinators(w: _Walker, node: dict[str, Any]) -> Iterator[Finding]:
+    if isinstance(node.get("allOf"), list) and len(node["allOf"]) > 1:
+        yield "allOf", "loose", "only single-branch allOf is enforced"
+    branches = node.get("oneOf")
+    if isinstance(branches, list) and len(branches) > 1 and not disjoint(w.root, branches):
+        yield "oneOf", "loose", "branches that may overlap are matched as anyOf"
+    combined = [k for k in ("allOf", "anyOf", "oneOf") if k in node]
+    if not combined:
+        return
+    for keyword in sorted(set(node) - ANNOTATIONS - {"allOf", "anyOf", "oneOf", "$ref"}):
+        yield keyword, "loose", f"ignored beside {combined[0]}"
+
+
+def _ref_siblings(w: _Walker, node: dict[str, Any]) -> Iterator[Finding]:
+    if "$ref" not in node:
+        return
+    for keyword in sorted(set(node) - ANNOTATIONS - {"$ref"}):
+        yield keyword, "loose", "keywords beside $ref are ignored"
+
+
+def _untyped(w: _Walker, node: dict[str, Any]) -> Iterator[Finding]:
+    if "type" in node or any(k in node for k in ("$ref", "enum", "const", "anyOf", "oneOf")):
+        return
+    for type_name, keywords in TYPE_KEYWORDS.items():
+        for keyword in keywords:
+            if keyword in node:
+                yield keyword, "loose", f'ignored without "type": "{type_name}"'
+
+
+def _beside_enum(w: _Walker, node: dict[str, Any]) -> Iterator[Finding]:
+    if "enum" not in node and "const" not in node:
+        return
+    ignored = {k for ks in TYPE_KEYWORDS.values() for k in ks} & set(node)
+    for keyword in sorted(ignored):
+        yield keyword, "loose", "keywords beside enum/const are ignored"
+
+
+def _strings(w: _Walker, node: dict[str, Any]) -> Iterator[Finding]:
+    if "type" not in node or "string" not in node_types(node):
+        return
+    pattern, fmt = node.get("pattern"), node.get("format")
+    lengths = [k for k in ("minLength", "maxLength") if k in node]
+    if (pattern is not None or fmt is not None) and lengths:
+        for keyword in lengths:
+            yield keyword, "loose", "ignored together with pattern/format"
+    elif lengths and "enum" not in node and "const" not in node:
+        for keyword in lengths:
+            yield keyword, "strict", "length-bounded strings cannot hold escape sequences"
+    if isinstance(pattern, str) and fmt is not None:
+        yield "pattern", "loose", "ignored beside format"
+    elif isinstance(pattern, str):
+        yield from _pattern(pattern)
+    if isinstance(fmt, str):
+        yield from _format(fmt)
+
+
+def _pattern(pattern: str) -> Iterator[Finding]:
+    if LOOKAROUND.search(pattern):
+        yield "pattern", "loose", "lookaround assertions are ignored"
+    if BOUNDED_THEN_OPTIONAL.search(pattern):
+        yield (
+            "pattern",
+            "loose",
+            "a bounded repetition followed by an optional group may go unbounded",
+        )
+    shape = pattern_shape(pattern)
+    if shape.inner_anchors:
+        yield "pattern", "strict", "anchors inside the pattern are ignored"
+    elif not (shape.starts and shape.ends):
+        yield "pattern", "strict", "matched against the whole string, as if anchored by ^...$"
+
+
+def _format(fmt: str) -> Iterator[Finding]:
+    if fmt not in FORMATS:
+        yield "format", "loose", f"format '{fmt}' is not checked"
+    elif fmt in CALENDAR_FORMATS:
+        yield "format", "loose", f"format '{fmt}': days are not checked against the month"
+
+
+def _required(w: _Walker, node: dict[str, Any]) -> Iterator[Finding]:
+    required = node.get("required")
+    if not isinstance(required, list):
+        return
+    properties = node.get("properties")
+    declared = properties if isinstance(properties, dict) else {}
+    missing = [name for name in required if name not in declared]
+    if missing:
+        yield "required", "loose", f"required names missing from properties: {missing[:5]}"
+
+
+def _pattern_properties(w: _Walker, node: dict[str, Any]) -> Iterator[Finding]:
+    patterns = node.get("patternProperties")
+    if not isinstance(patterns, dict) or not patterns:
+        return
+    for pattern in patterns:
+        for _, effect, detail in _pattern(pattern):
+            yield "patternProperties", effect, f"property-name {detail}"
+    extra = node.get("additionalProperties")
+    if "properties" in node and (
+        isinstance(extra, dict) and extra or (extra is None and not w.strict_mode)
+    ):
+        yield (
+            "patternProperties",
+            "loose",
+            "with properties and open additionalProperties, property values are not checked",
+        )
+    elif "properties" not in node and extra is not False and not w.strict_mode:
+        yield "patternProperties", "strict", "properties matching no pattern are rejected"
+
+
+def _enum_values(w: _Walker, node: dict[str, Any]) -> Iterator[Finding]:
+    values = (
+        node["enum"]
+        if isinstance(node.get("enum"), list)
+        else [node["const"]]
+        if "const" in node
+        else []
+    )
+    if any(isinstance(v, (dict, list)) and v for v in values):
+        key = "enum" if "enum" in node else "const"
+        yield key, "strict", "object and array values must be written in compact JSON"
+    types = node_types(node)
+    if types and any(not has_type(v, types) for v in values):
+        yield "type", "loose", "enum/const values outside the type are allowed"
+
+
+RULES = (
+    _always_loose,
+    _multiple_of,
+    _combinators,
+    _ref_siblings,
+    _untyped,
+    _beside_enum,
+    _strings,
+    _required,
+    _pattern_properties,
+    _enum_values,
+)

@@ -1,0 +1,203 @@
+"""The JSON Schema test set (tests/data/jsonschema) and grammar checks that need no model.
+
+Each schema is compiled as the engine compiles it (rewrite, xgrammar converter) but against an
+empty vocabulary, so checking an instance costs a string match, not a token mask. An instance
+the grammar gets wrong is an *exception*; `explain` says whether the keywords the warning
+walker reports account for it exactly.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import xgrammar as xgr
+
+from plait.backend.grammar_compiler import GrammarError, GrammarKey, clean_error
+from plait.backend.grammar_compiler import json_schema_grammar as build_grammar
+from plait.backend.schema_rewrite import rewrite_schema
+from plait.backend.schema_utils import resolve_ref
+from plait.backend.schema_warnings import SchemaGap
+
+DATA_DIR = Path(__file__).parent / "data" / "jsonschema"
+COMPACT = (",", ":")
+LOOKAROUND = re.compile(r"\(\?<?[=!][^)]*\)")
+
+
+@dataclass(frozen=True)
+class SchemaCase:
+    """One file of the test set: a schema and instances labelled valid or invalid."""
+
+    name: str
+    schema: Any
+    tests: tuple[tuple[bool, Any], ...]
+
+
+@dataclass
+class CaseResult:
+    """What the grammar did with one schema's instances."""
+
+    case: SchemaCase
+    error: str | None = None
+    gaps: list[SchemaGap] = field(default_factory=list)
+    accepted_invalid: list[int] = field(default_factory=list)
+    rejected_valid: list[int] = field(default_factory=list)
+
+
+@cache
+def load_cases() -> tuple[SchemaCase, ...]:
+    cases = []
+    for path in sorted(DATA_DIR.glob("*.json")):
+        data = json.loads(path.read_text())
+        tests = tuple((bool(t["valid"]), t["data"]) for t in data["tests"])
+        cases.append(SchemaCase(path.stem, data["schema"], tests))
+    return tuple(cases)
+
+
+def schema_key(schema: Any, *, any_whitespace: bool, strict_mode: bool = False) -> GrammarKey:
+    text = json.dumps(schema, separators=COMPACT, ensure_ascii=False)
+    return GrammarKey("json_schema", text, any_whitespace, strict_mode)
+
+
+class StringChecker:
+    """Grammar acceptance of whole strings (no tokenizer)."""
+
+    def __init__(self) -> None:
+        self.compiler = xgr.GrammarCompiler(xgr.TokenizerInfo([]), cache_enabled=False)
+        self.memo: dict[tuple[GrammarKey, str], tuple[xgr.CompiledGrammar, list[Any]]] = {}
+
+    def compile(self, key: GrammarKey, **options: Any) -> tuple[xgr.CompiledGrammar, list[Any]]:
+        memo_key = (key, json.dumps(options, sort_keys=True))
+        if memo_key not in self.memo:
+            self.memo[memo_key] = self._compile(key, **options)
+        return self.memo[memo_key]
+
+    def _compile(self, key: GrammarKey, **options: Any) -> tuple[xgr.CompiledGrammar, list[Any]]:
+        try:
+            grammar, gaps = build_grammar(key, **options)
+            return self.compiler.compile_grammar(grammar), gaps
+        except RuntimeError as exc:
+            raise GrammarError(clean_error(exc)) from exc
+
+    @staticmethod
+    def accepts(compiled: xgr.CompiledGrammar, text: str) -> bool:
+        matcher = xgr.GrammarMatcher(compiled, terminate_without_stop_token=True)
+        return bool(matcher.accept_string(text)) and bool(matcher.is_terminated())
+
+
+def serializations(value: Any) -> dict[bool, str]:
+    """Instance text per any_whitespace: compact, and the data's own json.dumps layout."""
+    return {
+        False: json.dumps(value, separators=COMPACT, ensure_ascii=False),
+        True: json.dumps(value, ensure_ascii=False),
+    }
+
+
+def analyze(case: SchemaCase, checker: StringChecker) -> CaseResult:
+    """Invalid instances must be rejected by the schema-ordered grammar (both layouts); valid
+    ones accepted by the grammar that allows any property order (both layouts)."""
+    result = CaseResult(case)
+    try:
+        layouts = (False, True)
+        ordered = {
+            ws: checker.compile(schema_key(case.schema, any_whitespace=ws)) for ws in layouts
+        }
+        free = {
+            ws: checker.compile(schema_key(case.schema, any_whitespace=ws), any_order=True)
+            for ws in layouts
+        }
+    except GrammarError as exc:
+        result.error = str(exc)
+        return result
+    result.gaps = ordered[False][1]
+    for i, (valid, value) in enumerate(case.tests):
+        texts = serializations(value)
+        grammars = free if valid else ordered
+        verdicts = [checker.accepts(grammars[ws][0], texts[ws]) for ws in layouts]
+        if valid and not all(verdicts):
+            result.rejected_valid.append(i)
+        if not valid and any(verdicts):
+            result.accepted_invalid.append(i)
+    return result
+
+
+# --- explanations ---------------------------------------------------------------------------
+def validates(schema: Any, value: Any) -> bool:
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    validator = cls(schema, format_checker=cls.FORMAT_CHECKER)
+    return bool(validator.is_valid(value))
+
+
+def strip_gaps(schema: Any, gaps: list[SchemaGap]) -> Any:
+    """`schema` (rewritten, as compiled) without the keywords of `gaps`."""
+    out = copy.deepcopy(rewrite_schema(schema))
+    for gap in sorted(gaps, key=lambda g: -len(g.path)):
+        node = resolve_ref(out, "#" + gap.path) if gap.path else out
+        if isinstance(node, dict):
+            _drop(node, gap)
+    return out
+
+
+def _drop(node: dict[str, Any], gap: SchemaGap) -> None:
+    if "lookaround" in gap.detail:
+        _drop_lookarounds(node)
+    elif "property values are not checked" in gap.detail:
+        for key in ("properties", "patternProperties", "additionalProperties"):
+            node.pop(key, None)
+    elif gap.keyword == "if":
+        for key in ("if", "then", "else"):
+            node.pop(key, None)
+    elif gap.keyword == "oneOf" and "anyOf" not in node:
+        node["anyOf"] = node.pop("oneOf")
+    elif gap.keyword == "required":
+        declared = node.get("properties") or {}
+        node["required"] = [n for n in node.get("required", []) if n in declared]
+    else:
+        node.pop(gap.keyword, None)
+
+
+def _drop_lookarounds(node: dict[str, Any]) -> None:
+    if isinstance(node.get("pattern"), str):
+        node["pattern"] = LOOKAROUND.sub("", node["pattern"])
+    if isinstance(node.get("patternProperties"), dict):
+        patterns = node["patternProperties"]
+        node["patternProperties"] = {LOOKAROUND.sub("", k): v for k, v in patterns.items()}
+
+
+def explain(result: CaseResult, index: int, *, checker: StringChecker) -> bool:
+    """Whether the walker's gaps account for the exception at `index` exactly: dropping the
+    loose keywords makes the invalid instance valid, or dropping the strict keywords makes
+    the grammar accept the valid one."""
+    valid, value = result.case.tests[index]
+    effect = "strict" if valid else "loose"
+    gaps = [g for g in result.gaps if g.effect == effect]
+    if not gaps:
+        return False
+    stripped = strip_gaps(result.case.schema, gaps)
+    if not valid:
+        return validates(stripped, value)
+    texts = serializations(value)
+    for ws in (False, True):
+        compiled, _ = checker.compile(schema_key(stripped, any_whitespace=ws), any_order=True)
+        if not checker.accepts(compiled, texts[ws]):
+            return False
+    return True
+
+
+def blame(result: CaseResult, index: int, *, checker: StringChecker) -> list[str]:
+    """The single keywords that explain the exception on their own (for the report)."""
+    valid = result.case.tests[index][0]
+    effect = "strict" if valid else "loose"
+    keywords = sorted({g.keyword for g in result.gaps if g.effect == effect})
+    single = []
+    for keyword in keywords:
+        sub = CaseResult(result.case, gaps=[g for g in result.gaps if g.keyword == keyword])
+        if explain(sub, index, checker=checker):
+            single.append(keyword)
+    return single or ["+".join(keywords)]

@@ -1,0 +1,376 @@
+"""Constrained generation on plait-tiny (random weights): every constrained output is valid.
+
+The JSON-schema runs put all schemas of the test set in one `generate` call so the scheduler
+batches them. Sampling is temperature 1 with a seed per request. A finished ("stop") output
+must validate (or be explained by a keyword the grammar reports it cannot enforce); an output
+cut by max_new_tokens must report "length" and still be a prefix the grammar accepts.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import json
+import os
+import re
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from grammar_cases import (
+    SchemaCase,
+    StringChecker,
+    analyze,
+    load_cases,
+    schema_key,
+    strip_gaps,
+    validates,
+)
+from pydantic import BaseModel
+
+from helpers import tiny_engine
+from plait.backend.engine import Engine, GenerationError
+from plait.backend.grammar_compiler import GrammarError
+
+SCHEMA_TOKENS = 192
+FULL_TOKENS = 1024
+SLOW = os.environ.get("PLAIT_SLOW_TESTS") == "1"
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[Engine]:
+    with tiny_engine(kv_tokens=262144, check_integrity=False) as eng:
+        yield eng
+
+
+@pytest.fixture(scope="module")
+def checker() -> StringChecker:
+    return StringChecker()
+
+
+def sampled(n: int, **params: Any) -> list[dict[str, Any]]:
+    return [{"temperature": 1.0, "seed": 1000 + i, **params} for i in range(n)]
+
+
+# --- JSON Schema: the whole test set ------------------------------------------------------
+def schema_requests(cases: list[SchemaCase], *, tokens: int, jump: bool) -> list[dict[str, Any]]:
+    return [
+        {
+            "max_new_tokens": tokens,
+            "temperature": 1.0,
+            "seed": i,
+            "json_schema": c.schema,
+            "jump_forward": jump,
+        }
+        for i, c in enumerate(cases)
+    ]
+
+
+def compiled_cases() -> list[SchemaCase]:
+    return [c for c in load_cases() if c.name != "Snowplow---sp_241_Normalized"]
+
+
+def verdict(case: SchemaCase, out: dict[str, Any], *, checker: StringChecker) -> str:
+    """valid | explained (a reported keyword) | prefix (cut by length) | a failure note."""
+    kind = out["finish_reason"]["type"]
+    if kind == "length":
+        return "prefix" if is_prefix(case, out["text"], checker=checker) else "bad prefix"
+    if kind != "stop":
+        return f"finish {out['finish_reason']}"
+    try:
+        value = json.loads(out["text"], strict=False)
+    except json.JSONDecodeError:
+        return "unparseable"
+    if validates(case.schema, value):
+        return "valid"
+    loose = [g for g in analyze(case, checker).gaps if g.effect == "loose"]
+    ok = loose and validates(strip_gaps(case.schema, loose), value) and out["warnings"]
+    return "explained" if ok else "invalid"
+
+
+def is_prefix(case: SchemaCase, text: str, *, checker: StringChecker) -> bool:
+    """The engine's grammar (compact, strict mode unless the schema needs it off) accepts
+    `text` as the beginning of an instance."""
+    try:
+        compiled, _ = checker.compile(
+            schema_key(case.schema, any_whitespace=False, strict_mode=True)
+        )
+    except GrammarError:
+        compiled, _ = checker.compile(schema_key(case.schema, any_whitespace=False))
+    import xgrammar as xgr
+
+    return bool(xgr.GrammarMatcher(compiled, terminate_without_stop_token=True).accept_string(text))
+
+
+def run_schemas(
+    engine: Engine, *, tokens: int, jumps: tuple[bool, ...], checker: StringChecker
+) -> dict[bool, Counter[str]]:
+    """Every compiled schema once per jump-forward setting, all in one generate call."""
+    cases = compiled_cases()
+    params = [p for jump in jumps for p in schema_requests(cases, tokens=tokens, jump=jump)]
+    prompts = [f"JSON for {c.name}:" for c in cases] * len(jumps)
+    start = time.perf_counter()
+    outs = engine.generate(prompts, params)
+    print(f"{len(params)} requests, {tokens} tokens max: {time.perf_counter() - start:.1f}s")
+    tally: dict[bool, Counter[str]] = {jump: Counter() for jump in jumps}
+    for i, out in enumerate(outs):
+        case = cases[i % len(cases)]
+        tally[jumps[i // len(cases)]][verdict(case, out, checker=checker)] += 1
+    print({f"jump_forward={k}": dict(v) for k, v in tally.items()})
+    return tally
+
+
+def test_every_schema_gives_valid_output_with_and_without_jump_forward(
+    engine: Engine, checker: StringChecker
+) -> None:
+    tally = run_schemas(engine, tokens=SCHEMA_TOKENS, jumps=(True, False), checker=checker)
+    for counts in tally.values():
+        assert set(counts) <= {"valid", "explained", "prefix"}
+        assert counts["valid"] >= 0.3 * sum(counts.values())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+@pytest.mark.skipif(not SLOW, reason="10-20 minutes on 2 CPU cores; set PLAIT_SLOW_TESTS=1")
+@pytest.mark.parametrize("jump", [True, False], ids=["jump_on", "jump_off"])
+def test_schema_validity_rate_at_1024_tokens(
+    engine: Engine, checker: StringChecker, jump: bool
+) -> None:
+    """The issue's measure: valid outputs over all compiled schemas at max_new_tokens 1024.
+    Outputs that do not finish are valid prefixes; see docs/structured.md for why some
+    do not finish (plait-tiny writes ~80 tokens per JSON string)."""
+    counts = run_schemas(engine, tokens=FULL_TOKENS, jumps=(jump,), checker=checker)[jump]
+    assert set(counts) <= {"valid", "explained", "prefix"}
+    assert counts["valid"] >= 0.75 * sum(counts.values())
+
+
+def test_warnings_name_unenforced_keywords(engine: Engine) -> None:
+    schema = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True, "maxItems": 3}
+    out = engine.generate("Numbers:", {"max_new_tokens": 32, "seed": 1, "json_schema": schema})
+    assert out["warnings"] == [
+        "json_schema keyword 'uniqueItems' is not enforced (duplicate items are not rejected) at /"
+    ]
+
+
+def test_pydantic_model_class_as_schema(engine: Engine) -> None:
+    class Person(BaseModel):
+        name: str
+        age: int
+        admin: bool
+
+    outs = engine.generate(["Person:"] * 8, sampled(8, max_new_tokens=128, json_schema=Person))
+    finished = [o for o in outs if o["finish_reason"]["type"] == "stop"]
+    assert len(finished) >= 4
+    for out in finished:
+        Person.model_validate(json.loads(out["text"], strict=False))
+
+
+def test_json_object_gives_an_object(engine: Engine) -> None:
+    outs = engine.generate(["Object:"] * 8, sampled(8, max_new_tokens=128, json_object=True))
+    for out in outs:
+        if out["finish_reason"]["type"] == "stop":
+            assert isinstance(json.loads(out["text"], strict=False), dict)
+        else:
+            assert out["finish_reason"] == {"type": "length"} and out["text"].startswith("{")
+
+
+def test_length_inside_an_unfinished_structure_is_reported_as_length(engine: Engine) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "string"}, "b": {"type": "string"}},
+        "required": ["a", "b"],
+    }
+    outs = engine.generate(["Cut:"] * 4, sampled(4, max_new_tokens=5, json_schema=schema))
+    for out in outs:
+        assert out["finish_reason"] == {"type": "length"}
+        assert out["text"].startswith('{"a":"')
+        with pytest.raises(json.JSONDecodeError):
+            json.loads(out["text"])
+
+
+# --- jump-forward --------------------------------------------------------------------------
+FIXED = {
+    "type": "object",
+    "properties": {
+        "first_name": {"const": "Ada"},
+        "last_name": {"const": "Lovelace"},
+        "born": {"const": 1815},
+    },
+    "required": ["first_name", "last_name", "born"],
+}
+FIXED_TEXT = '{"first_name":"Ada","last_name":"Lovelace","born":1815}'
+
+
+def test_jump_forward_appends_forced_text_without_sampling(engine: Engine) -> None:
+    before = engine.stats().generated_tokens
+    on = engine.generate("Who?", {"max_new_tokens": 64, "seed": 3, "json_schema": FIXED})
+    sampled_on = engine.stats().generated_tokens - before
+    off = engine.generate(
+        "Who?", {"max_new_tokens": 64, "seed": 3, "json_schema": FIXED, "jump_forward": False}
+    )
+    sampled_off = engine.stats().generated_tokens - before - sampled_on
+    assert on["text"] == off["text"] == FIXED_TEXT
+    assert on["finish_reason"]["type"] == off["finish_reason"]["type"] == "stop"
+    assert sampled_on <= 4 < sampled_off
+    canonical = engine.tokenizer.encode(FIXED_TEXT, add_special_tokens=False)
+    assert on["output_ids"][1:-1] == canonical[1:]  # all but the sampled '{' and the EOS
+
+
+def test_jump_forward_off_engine_wide() -> None:
+    with tiny_engine(enable_jump_forward=False) as eng:
+        before = eng.stats().generated_tokens
+        out = eng.generate("Who?", {"max_new_tokens": 64, "seed": 3, "json_schema": FIXED})
+        assert out["text"] == FIXED_TEXT
+        assert eng.stats().generated_tokens - before == len(out["output_ids"])
+
+
+# --- regex, EBNF, choices -------------------------------------------------------------------
+REGEXES = [
+    r"\d{4}-\d{2}-\d{2}",
+    r"(0[1-9]|1[0-2])/(0[1-9]|[12]\d|3[01])/(19|20)\d{2}",
+    r"([01]\d|2[0-3]):[0-5]\d(:[0-5]\d)?",
+    r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z",
+    r"[a-z0-9._]{1,12}@[a-z0-9]{1,10}\.(com|org|net)",
+    r"[A-Z][a-z]{1,8}\.[A-Z][a-z]{1,8}@example\.com",
+    r"((25[0-5]|2[0-4]\d|1?\d?\d)\.){3}(25[0-5]|2[0-4]\d|1?\d?\d)",
+    r"([0-9a-f]{1,4}:){7}[0-9a-f]{1,4}",
+    r"\(\d{3}\) \d{3}-\d{4}",
+    r"\+1-\d{3}-\d{3}-\d{4}",
+    r"\+\d{1,3} \d{6,10}",
+    r"(red|green|blue|cyan|magenta)",
+    r"(GET|POST|PUT|DELETE|PATCH) /[a-z]{1,10}",
+    r"(yes|no|maybe)",
+    r"((ab|cd)(ef|gh)){1,3}",
+    r"\[(\d{1,3}(,\d{1,3}){0,4})?\]",
+    r"\{(\"k\d\": \d, ){0,3}\"end\": (true|false)\}",
+    r"(a(b(c(d)?)?)?){1,3}",
+    r"[\u4e00-\u9fff]{2,6}",
+    r"[α-ω]{3,8}",
+    r"[À-ÿ]{1,5}",
+    r"[а-я]{2,8} [а-я]{2,8}",
+    r"(é|ü|ñ|ø){2,4}",
+    r"#[0-9a-fA-F]{6}",
+    r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}",
+    r"\d{1,2}\.\d{1,2}\.\d{1,3}(-(alpha|beta|rc)\.\d)?",
+    r"\d{5}(-\d{4})?",
+    r"https://[a-z]{3,10}\.(com|io)/[a-z0-9/]{0,20}",
+    r"\$\d{1,3}(,\d{3}){0,2}\.\d{2}",
+    r"-?(0|[1-9]\d{0,5})(\.\d{1,4})?",
+]
+
+
+def test_regex_outputs_fullmatch(engine: Engine) -> None:
+    assert len(REGEXES) == 30
+    params: list[dict[str, Any]] = [
+        {"max_new_tokens": 128, "temperature": 1.0, "seed": i, "regex": rx, "jump_forward": jf}
+        for jf in (True, False)
+        for i, rx in enumerate(REGEXES)
+    ]
+    outs = engine.generate(["Match:"] * len(params), params)
+    for p, out in zip(params, outs, strict=True):
+        assert out["finish_reason"]["type"] == "stop", (p["regex"], out)
+        assert re.fullmatch(p["regex"], out["text"]), (p["regex"], out["text"])
+
+
+ARITHMETIC = r"""
+root ::= expr2
+expr2 ::= term2 (op term2){0,3}
+term2 ::= num | "(" expr1 ")"
+expr1 ::= term1 (op term1){0,3}
+term1 ::= num | "(" expr0 ")"
+expr0 ::= num (op num){0,3}
+op ::= " + " | " - " | " * "
+num ::= [1-9] [0-9]{0,2}
+"""
+
+
+def evaluate(node: ast.AST) -> int:
+    """Integer arithmetic over an `ast` tree: + - * and int literals only."""
+    if isinstance(node, ast.Expression):
+        return evaluate(node.body)
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    ops = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b}
+    if isinstance(node, ast.BinOp) and type(node.op) in ops:
+        return ops[type(node.op)](evaluate(node.left), evaluate(node.right))
+    raise ValueError(f"unexpected node {ast.dump(node)}")
+
+
+def test_ebnf_arithmetic_outputs_evaluate(engine: Engine) -> None:
+    outs = engine.generate(["Sum:"] * 24, sampled(24, max_new_tokens=128, ebnf=ARITHMETIC))
+    for out in outs:
+        assert out["finish_reason"]["type"] == "stop", out
+        tree = ast.parse(out["text"], mode="eval")
+        assert evaluate(tree) == eval(compile(tree, "<grammar>", "eval"))  # noqa: S307
+
+
+def test_choices_output_is_one_of_them(engine: Engine) -> None:
+    choices = ["yes", "no", "maybe so", "naïve café", "🙂 emoji", "x"]
+    outs = engine.generate(["Pick:"] * 24, sampled(24, max_new_tokens=16, choices=choices))
+    assert all(o["text"] in choices and o["finish_reason"]["type"] == "stop" for o in outs)
+    assert len({o["text"] for o in outs}) >= 3
+
+
+# --- errors and mixed batches ----------------------------------------------------------------
+def test_invalid_constraints_fail_alone(engine: Engine) -> None:
+    bad: list[tuple[dict[str, Any], str]] = [
+        ({"json_schema": {"type": "foo"}}, 'invalid json_schema: Unsupported type "foo"'),
+        ({"json_schema": "{oops"}, "json_schema is not valid JSON"),
+        (
+            {"regex": "(a|b"},
+            "invalid regex: Regex parsing error at position 5: The parenthesis is not closed",
+        ),
+        ({"ebnf": "root ::= [0-9"}, "invalid ebnf: EBNF lexer error at line 1, column 14"),
+        ({"regex": "a", "choices": ["a"]}, "at most one constraint"),
+    ]
+    good: list[dict[str, Any]] = [{"regex": r"\d{3}", "seed": 1}, {"seed": 2}]
+
+    async def main() -> list[Any]:
+        jobs = [engine.async_generate("x", {"max_new_tokens": 8, **p}) for p, _ in bad]
+        jobs += [engine.async_generate("x", {"max_new_tokens": 8, **p}) for p in good]
+        return await asyncio.gather(*jobs, return_exceptions=True)
+
+    results = asyncio.run(main())
+    for (_, message), result in zip(bad, results, strict=False):
+        assert isinstance(result, GenerationError) and message in str(result)
+    digits, free = results[len(bad) :]
+    assert re.fullmatch(r"\d{3}", digits["text"])
+    assert free["usage"]["completion_tokens"] >= 1
+
+
+def test_mixed_batch_leaves_unconstrained_rows_untouched(engine: Engine) -> None:
+    plain = sampled(6, max_new_tokens=24, ignore_eos=True)
+    alone = engine.generate([f"Plain {i}" for i in range(6)], plain)
+    constrained = sampled(6, max_new_tokens=24, regex=r"[a-z]{3,20}")
+    mixed = engine.generate(
+        [f"Plain {i}" for i in range(6)] + ["Constrained"] * 6, plain + constrained
+    )
+    assert [o["output_ids"] for o in mixed[:6]] == [o["output_ids"] for o in alone]
+    assert all(re.fullmatch(r"[a-z]{3,20}", o["text"]) for o in mixed[6:])
+
+
+def test_streamed_increments_survive_retokenization_rollbacks(engine: Engine) -> None:
+    schema = {"type": "array", "items": {"enum": ["alpha_beta_gamma", "alpha_delta", "omega"]},
+              "minItems": 3, "maxItems": 3}  # fmt: skip
+    rollbacks = 0
+    for seed in range(6):
+        params = {"max_new_tokens": 64, "seed": seed, "json_schema": schema}
+        full = engine.generate("Greek:", params)
+        parts = list(engine.generate("Greek:", params, stream=True))
+        ids: list[int] = []
+        for part in parts:
+            del ids[len(ids) - part["rollback"] :]
+            ids += part["output_ids"]
+            rollbacks += part["rollback"] > 0
+        assert "".join(p["text"] for p in parts) == full["text"]
+        assert ids == full["output_ids"]
+        assert len(json.loads(full["text"])) == 3
+    assert rollbacks > 0
+
+
+def test_min_new_tokens_cannot_push_past_the_grammar_end(engine: Engine) -> None:
+    outs = engine.generate(["Pick:"] * 4, sampled(4, max_new_tokens=16, min_new_tokens=8,
+                                                  choices=["yes", "no"]))  # fmt: skip
+    assert all(o["text"] in ("yes", "no") and o["finish_reason"]["type"] == "stop" for o in outs)

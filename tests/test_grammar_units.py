@@ -1,0 +1,329 @@
+"""Grammar pieces without a model: schema walker and rewrite, regex DFA, retokenizer, backend."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+import torch
+import xgrammar as xgr
+from transformers import PreTrainedTokenizerBase
+
+from plait.backend.builtin_models import resolve_model_path
+from plait.backend.config import EngineConfig
+from plait.backend.grammar import XGrammarBackend, make_grammar
+from plait.backend.jump_forward import Retokenizer
+from plait.backend.loader import load_tokenizer
+from plait.backend.regex_fsm import RegexCursor, RegexFSM
+from plait.backend.req import Req
+from plait.backend.sampling_params import SamplingParams
+from plait.backend.schema_rewrite import rewrite_schema, search_pattern
+from plait.backend.schema_warnings import gap_warnings, schema_gaps
+
+EOS = frozenset({0, 2})
+
+
+# --- schema walker --------------------------------------------------------------------------
+def keywords(schema: dict[str, Any], *, effect: str = "loose") -> set[str]:
+    return {g.keyword for g in schema_gaps(rewrite_schema(schema)) if g.effect == effect}
+
+
+def test_walker_names_each_unenforced_keyword() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+            "n": {"type": "number", "multipleOf": 0.5},
+            "k": {"type": "integer", "multipleOf": 3},
+            "x": {"not": {"type": "string"}},
+            "y": {"if": {"type": "integer", "minimum": 0}, "then": {"type": "integer"}},
+            "z": {
+                "allOf": [{"type": "string", "pattern": "^a"}, {"type": "string", "pattern": "b$"}]
+            },
+            "d": {"type": "string", "format": "date"},
+        },
+    }
+    found = keywords(schema)
+    assert found == {"uniqueItems", "multipleOf", "not", "if", "allOf", "format"}
+    warnings = gap_warnings(schema_gaps(rewrite_schema(schema)))
+    assert any("'uniqueItems' is not enforced" in w and "/properties/tags" in w for w in warnings)
+    assert not any("/properties/k" in w for w in warnings)  # integer multipleOf is enforced
+
+
+def test_walker_follows_refs_and_ignores_unused_definitions() -> None:
+    schema = {
+        "$defs": {"used": {"type": "array", "uniqueItems": True}, "unused": {"not": {}}},
+        "type": "object",
+        "properties": {"a": {"$ref": "#/$defs/used"}},
+    }
+    gaps = schema_gaps(schema)
+    assert [(g.keyword, g.path) for g in gaps] == [("uniqueItems", "/$defs/used")]
+
+
+def test_disjoint_one_of_is_not_reported() -> None:
+    tagged = {
+        "oneOf": [
+            {"type": "object", "properties": {"t": {"const": "a"}}, "required": ["t"]},
+            {"type": "object", "properties": {"t": {"const": "b"}}, "required": ["t"]},
+        ]
+    }
+    assert keywords(tagged) == set()
+    assert keywords({"oneOf": [{"type": "string"}, {"type": "integer"}]}) == set()
+    assert keywords({"oneOf": [{"type": "integer"}, {"type": "number"}]}) == {"oneOf"}
+
+
+def test_strict_gaps_are_separate_from_loose_ones() -> None:
+    schema = {"type": "string", "maxLength": 5}
+    assert keywords(schema, effect="strict") == {"maxLength"}
+    assert keywords(schema) == set()
+
+
+# --- schema rewrite ---------------------------------------------------------------------------
+def test_rewrite_merges_all_of_and_distributes_siblings() -> None:
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}},
+        "required": ["a"],
+        "anyOf": [{"required": ["b"]}, {"required": ["c"], "type": ["object", "null"]}],
+        "allOf": [{"properties": {"b": {"type": "string"}}}],
+    }
+    out = rewrite_schema(schema)
+    assert set(out) == {"anyOf"}
+    first, second = out["anyOf"]
+    assert first["required"] == ["a", "b"] and second["required"] == ["a", "c"]
+    assert second["type"] == "object"
+    assert first["properties"] == {"a": {"type": "integer"}, "b": {"type": "string"}}
+
+
+def test_rewrite_leaves_what_it_cannot_merge_exactly() -> None:
+    closed = {"allOf": [{"additionalProperties": False}, {"properties": {"a": {}}}]}
+    assert rewrite_schema(closed) == closed
+    patterns = {"allOf": [{"pattern": "^a"}, {"pattern": "b$"}]}
+    assert rewrite_schema(patterns)["allOf"] == [
+        {"pattern": search_pattern("^a")},
+        {"pattern": search_pattern("b$")},
+    ]
+
+
+@pytest.mark.parametrize(
+    ("pattern", "anchored"),
+    [
+        ("@", r"^[\s\S]*(?:@)[\s\S]*$"),
+        ("^pkg:", r"^(?:pkg:)[\s\S]*$"),
+        (r"\d+$", r"^[\s\S]*(?:\d+)$"),
+        ("^a|b$", "^a|b$"),
+        ("^(a|b)$", "^(a|b)$"),
+        (r"[$^]", r"^[\s\S]*(?:[$^])[\s\S]*$"),
+    ],
+)
+def test_search_pattern_anchors_json_schema_patterns(pattern: str, anchored: str) -> None:
+    assert search_pattern(pattern) == anchored
+
+
+# --- regex DFA ------------------------------------------------------------------------------
+def test_regex_fsm_forces_single_transition_chains() -> None:
+    fsm = RegexFSM.build(r'\{"id": [0-9]+, "ok": (true|false)\}')
+    assert fsm is not None
+    cursor = RegexCursor(fsm)
+    assert cursor.forced() == '{"id": '
+    cursor.advance(b'{"id": 4')
+    assert cursor.forced() == ""
+    cursor.advance(b",")
+    assert cursor.forced() == ' "ok": '
+    cursor.advance(b' "ok": t')
+    assert cursor.forced() == "rue}"
+    cursor.rollback(2)
+    assert cursor.forced() == ""  # back after "4": a digit or the comma may follow
+
+
+def test_regex_cursor_waits_for_complete_characters() -> None:
+    fsm = RegexFSM.build("(é|è)x")
+    assert fsm is not None
+    cursor = RegexCursor(fsm)
+    cursor.advance("é".encode()[:1])
+    assert cursor.forced() == ""
+    cursor.advance("é".encode()[1:])
+    assert cursor.forced() == "x"
+    cursor.advance(b"y")
+    assert cursor.state is None and cursor.forced() == ""
+
+
+# --- retokenizer ------------------------------------------------------------------------------
+VOCAB = [b"", b'"', b'"name"', b"name", b":", b":x", b"n", b"a", b"m", b"e", b"\xc3", b"\xa9", b"b"]
+
+
+def greedy_encode(text: str) -> list[int]:
+    """Longest-match tokenizer over VOCAB (the 'canonical' tokenization for these tests)."""
+    data, ids = text.encode(), []
+    while data:
+        best = max(
+            (i for i, t in enumerate(VOCAB) if t and data.startswith(t)),
+            key=lambda i: len(VOCAB[i]),
+        )
+        ids.append(best)
+        data = data[len(VOCAB[best]) :]
+    return ids
+
+
+def retok() -> Retokenizer:
+    return Retokenizer(token_bytes=VOCAB, encode=greedy_encode)
+
+
+def ids(*tokens: bytes) -> list[int]:
+    return [VOCAB.index(t) for t in tokens]
+
+
+def test_retokenizer_backs_off_the_seam_and_holds_back_mergeable_text() -> None:
+    jump = retok().plan(tail=ids(b"b", b'"'), forced='name":', room=10)
+    assert jump is not None
+    assert jump.removed == 1  # the lone '"' becomes part of '"name"'
+    assert [VOCAB[t] for t in jump.appended] == [b'"name"']  # ':' could still become ':x'
+
+
+def test_retokenizer_keeps_characters_whole_and_respects_room() -> None:
+    full = retok().plan(tail=ids(b"b"), forced="éb", room=10)
+    assert full is not None and [VOCAB[t] for t in full.appended] == [b"\xc3", b"\xa9", b"b"]
+    assert retok().plan(tail=ids(b"b"), forced="é", room=1) is None
+    mid = retok().plan(tail=ids(b"\xa9"), forced="b", room=10)
+    assert mid is not None and mid.removed == 0
+
+
+# --- backend --------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tokenizer() -> PreTrainedTokenizerBase:
+    return load_tokenizer(resolve_model_path("plait-tiny"))
+
+
+def backend(tokenizer: PreTrainedTokenizerBase, **config: Any) -> XGrammarBackend:
+    hooks = make_grammar(EngineConfig(**config), tokenizer, 16384)
+    assert isinstance(hooks, XGrammarBackend)
+    return hooks
+
+
+def request(rid: str, **params: object) -> Req:
+    sp = SamplingParams.from_dict({"max_new_tokens": 64, **params})
+    return Req(rid=rid, input_ids=[5, 6, 7], params=sp, eos_ids=EOS)
+
+
+def wait_ready(hooks: XGrammarBackend, reqs: Sequence[Req]) -> tuple[list[Req], list[Req]]:
+    ready: list[Req] = []
+    failed: list[Req] = []
+    deadline = time.monotonic() + 30
+    while len(ready) + len(failed) < len(reqs) and time.monotonic() < deadline:
+        r, f = hooks.poll()
+        ready, failed = ready + r, failed + f
+        time.sleep(0.005)
+    return ready, failed
+
+
+def test_same_constraint_compiles_once(tokenizer: PreTrainedTokenizerBase) -> None:
+    hooks = backend(tokenizer)
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    reqs = [request(f"r{i}", json_schema=schema) for i in range(3)]
+    for req in reqs:
+        hooks.submit(req)
+    ready, failed = wait_ready(hooks, reqs)
+    assert failed == [] and len(ready) == 3
+    assert len({id(r.grammar.compiled) for r in ready}) == 1
+    again = request("r3", json_schema=json.dumps(schema, indent=2))
+    hooks.submit(again)
+    assert wait_ready(hooks, [again])[0][0].grammar.compiled is ready[0].grammar.compiled
+
+
+def test_cache_is_bounded(tokenizer: PreTrainedTokenizerBase) -> None:
+    hooks = backend(tokenizer, grammar_cache_size=2)
+    reqs = [request(f"r{i}", regex=f"a{{{i + 1}}}") for i in range(4)]
+    for req in reqs:
+        hooks.submit(req)
+        wait_ready(hooks, [req])
+    assert len(hooks.cache.entries) == 2
+
+
+def test_errors_name_the_problem_and_stay_with_their_request(
+    tokenizer: PreTrainedTokenizerBase,
+) -> None:
+    hooks = backend(tokenizer)
+    bad = {
+        "schema": request("a", json_schema='{"type": "foo"}'),
+        "json": request("b", json_schema="{not json"),
+        "regex": request("c", regex="[a-"),
+        "ebnf": request("d", ebnf="root ::= missing"),
+    }
+    good = request("e", regex="[0-9]+")
+    for req in [*bad.values(), good]:
+        hooks.submit(req)
+    ready, failed = wait_ready(hooks, [*bad.values(), good])
+    assert ready == [good] and set(failed) == set(bad.values())
+    messages = {k: str(r.finished.message) for k, r in bad.items() if r.finished is not None}
+    assert messages["schema"] == 'invalid json_schema: Unsupported type "foo"'
+    assert messages["json"].startswith("json_schema is not valid JSON")
+    assert messages["regex"].startswith("invalid regex: Regex parsing error at position 4")
+    assert (
+        messages["ebnf"]
+        == 'invalid ebnf: EBNF parser error at line 1, column 10: Rule "missing" is not defined'
+    )
+
+
+def test_compile_timeout_fails_only_that_request(
+    tokenizer: PreTrainedTokenizerBase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import plait.backend.grammar_compiler as gc
+
+    real = gc.compile_key
+
+    def slow(compiler: xgr.GrammarCompiler, key: gc.GrammarKey) -> gc.CompiledConstraint:
+        if key.kind == "regex" and key.text == "slow":
+            time.sleep(1.0)
+        return real(compiler, key)
+
+    monkeypatch.setattr(gc, "compile_key", slow)
+    hooks = backend(tokenizer, grammar_timeout_s=0.2)
+    slow_req, fast_req = request("s", regex="slow"), request("f", regex="fast")
+    hooks.submit(slow_req)
+    hooks.submit(fast_req)
+    ready, failed = wait_ready(hooks, [slow_req, fast_req])
+    assert ready == [fast_req] and failed == [slow_req]
+    assert slow_req.finished is not None and "timed out after 0.2s" in str(
+        slow_req.finished.message
+    )
+
+
+def test_masks_allow_exactly_the_grammar(tokenizer: PreTrainedTokenizerBase) -> None:
+    hooks = backend(tokenizer)
+    plain, digits = request("p"), request("d", regex="[0-9]{3}")
+    hooks.submit(digits)
+    wait_ready(hooks, [digits])
+    mask = hooks.begin_fill([plain, digits])()
+    assert mask is not None and mask.shape == (2, 512) and mask.dtype == torch.int32
+    allowed = xgr.testing.bitmask_to_bool_mask(mask[1:2], 16384)[0]
+    texts = [str(tokenizer.decode([t])) for t in allowed.nonzero().flatten().tolist()]
+    assert texts and all(t.isdigit() and len(t) <= 3 for t in texts)
+    assert not allowed[0] and not allowed[2]  # EOS only once three digits are in
+
+
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+}
+
+
+def test_jump_forward_appends_canonical_tokens_and_keeps_the_matcher_in_step(
+    tokenizer: PreTrainedTokenizerBase,
+) -> None:
+    hooks = backend(tokenizer)
+    req = request("j", json_schema=PERSON)
+    hooks.submit(req)
+    wait_ready(hooks, [req])
+    brace = tokenizer.encode("{", add_special_tokens=False)
+    req.output_ids.extend(brace)
+    hooks.accept(req, brace[0])
+    hooks.jump_forward(req, max_rollback=1)
+    text = str(tokenizer.decode(req.output_ids))
+    assert text.startswith('{"name') and '{"name":"'.startswith(text)
+    assert req.output_ids == tokenizer.encode(text, add_special_tokens=False)
+    assert req.grammar.matcher.accept_string('{"name":"x","age":1}'[len(text) :])
+    assert req.grammar.matcher.is_completed()
