@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 GREEDY_EPS = 1e-6
@@ -96,12 +98,10 @@ class SamplingParams:
 
     def check_types(self) -> None:
         """Raise ValueError naming the first field whose value has the wrong type."""
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if f.name == "extra" or value is None:
-                continue
-            if not _type_ok(value, getattr(type(self)(), f.name), f.name):
-                raise ValueError(f"sampling_params.{f.name} has the wrong type: {value!r}")
+        for name, kind in FIELD_KINDS.items():
+            value = getattr(self, name)
+            if value is not None and not _TYPE_CHECKS[kind](value):
+                raise ValueError(f"sampling_params.{name} has the wrong type: {value!r}")
 
     def validate(self, *, vocab_size: int) -> None:
         """Raise ValueError naming the first field out of its range."""
@@ -135,17 +135,40 @@ class SamplingParams:
         return dataclasses.replace(self, **changes)
 
 
-def _type_ok(value: Any, default: Any, name: str) -> bool:
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+_TYPE_CHECKS: Mapping[str, Callable[[Any], bool]] = MappingProxyType(
+    {
+        "bool": lambda v: isinstance(v, bool),
+        "int": _is_int,
+        "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+        "str": lambda v: isinstance(v, str),
+        "strs": lambda v: all(isinstance(x, str) for x in v),
+        "ints": lambda v: all(_is_int(x) for x in v),
+    }
+)
+
+
+def _field_kind(name: str, default: Any) -> str:
     if name in ("stop", "choices"):
-        return all(isinstance(v, str) for v in value)
+        return "strs"
     if name == "stop_token_ids":
-        return all(isinstance(v, int) and not isinstance(v, bool) for v in value)
-    if isinstance(default, bool):
-        return isinstance(value, bool)
-    if isinstance(default, int) and name != "seed":
-        return isinstance(value, int) and not isinstance(value, bool)
-    if isinstance(default, float):
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
+        return "ints"
     if name == "seed":
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, str)
+        return "int"
+    for kind, cls in (("bool", bool), ("int", int), ("float", float)):
+        if isinstance(default, cls):
+            return kind
+    return "str"
+
+
+# The type every field must have, read once from the dataclass defaults.
+FIELD_KINDS: Mapping[str, str] = MappingProxyType(
+    {
+        f.name: _field_kind(f.name, f.default)
+        for f in dataclasses.fields(SamplingParams)
+        if f.name != "extra"
+    }
+)
