@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from plait.backend.config import EngineConfig
-from plait.backend.forward_batch import ForwardBatch
+from plait.backend.forward_batch import ForwardBatch, decode_style
 from plait.backend.grammar_api import GrammarHooks
 from plait.backend.kv_manager import KVManager
 from plait.backend.messages import ReqOutput, Stats, TokenizedRequest
@@ -229,7 +229,7 @@ class Scheduler:
         decodes = self._reserve_decodes(decodes)
         prefills = self._admit()
         batch = prefills + decodes
-        batch.sort(key=lambda r: r.extend_len == 1)
+        batch.sort(key=lambda r: decode_style(r.extend_len))
         return batch
 
     def _reserve_decodes(self, decodes: list[Req]) -> list[Req]:

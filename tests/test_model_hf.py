@@ -91,17 +91,22 @@ def test_prefill_and_paged_decode_match_transformers(tmp_path: Path, arch: str) 
     seqs = [torch.randint(0, 320, (n,), generator=gen).tolist() for n in (40, 23)]
     with torch.no_grad():
         ref = [hf(torch.tensor([s])).logits[0] for s in seqs]
-    # prefill both prompts (first 30 / 13 tokens) in one extend batch
-    split = [30, 13]
+    # prefill both prompts in one batch: 30 tokens (an extend) and 6 (decode-style queries)
+    split = [30, 6]
     out = run(runner, [(0, seqs[0][: split[0]], 0), (1, seqs[1][: split[1]], 0)])
     torch.testing.assert_close(out[: split[0]], ref[0][: split[0]], atol=1e-4, rtol=0)
     torch.testing.assert_close(out[split[0] :], ref[1][: split[1]], atol=1e-4, rtol=0)
     # decode the rest one token per step, both requests in each batch
-    for step in range(10):
+    for step in range(6):
         pos = [split[0] + step, split[1] + step]
         out = run(runner, [(0, [seqs[0][pos[0]]], pos[0]), (1, [seqs[1][pos[1]]], pos[1])])
         torch.testing.assert_close(out[0], ref[0][pos[0]], atol=1e-4, rtol=0)
         torch.testing.assert_close(out[1], ref[1][pos[1]], atol=1e-4, rtol=0)
+    # a short multi-token extend (as jump-forward makes) beside a decode
+    pos = [split[0] + 6, split[1] + 6]
+    out = run(runner, [(0, seqs[0][pos[0] : pos[0] + 3], pos[0]), (1, [seqs[1][pos[1]]], pos[1])])
+    torch.testing.assert_close(out[:3], ref[0][pos[0] : pos[0] + 3], atol=1e-4, rtol=0)
+    torch.testing.assert_close(out[3], ref[1][pos[1]], atol=1e-4, rtol=0)
 
 
 def test_bf16_load_is_close(tmp_path: Path) -> None:
