@@ -74,13 +74,18 @@ class NativeApi:
         return outs[0] if single and len(outs) == 1 else outs
 
     async def get_model_info(self) -> dict[str, Any]:
-        info = self.ctx.engine.info
+        """SGLang's fields, plus the chat template so plait's HttpBackend renders roles
+        exactly as the model expects."""
+        info, tok = self.ctx.engine.info, self.ctx.engine.tokenizer
         return {
             "model_path": info.model,
             "tokenizer_path": info.model_path,
             "is_generation": True,
             "served_model_name": self.ctx.model_name,
             "context_length": info.context_len,
+            "chat_template": getattr(tok, "chat_template", None),
+            "bos_token": tok.bos_token,
+            "eos_token": tok.eos_token,
         }
 
     async def get_server_info(self) -> dict[str, Any]:

@@ -30,7 +30,11 @@ class HttpBackend(Backend):
         info = httpx.get(f"{self.url}/get_model_info", headers=self.headers, timeout=timeout)
         _check(info)
         self.model_info: dict[str, Any] = info.json()
-        self._template = ChatTemplate.from_jinja(self.model_info.get("chat_template"))
+        self._template = ChatTemplate.from_jinja(
+            self.model_info.get("chat_template"),
+            bos_token=self.model_info.get("bos_token") or "",
+            eos_token=self.model_info.get("eos_token") or "",
+        )
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient]
         self._clients = weakref.WeakKeyDictionary()
 
