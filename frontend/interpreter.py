@@ -185,12 +185,18 @@ class StateExecutor:
         for branch in branches:
             branch.close()
         await asyncio.gather(*(b.finished.wait() for b in branches))
+        gathered: dict[str, tuple[list[Any], list[Any]]] = {}
         for i, branch in enumerate(branches):
             branch._raise_if_failed()
             for name, value in branch.variables.items():
-                if name not in self.variables or isinstance(self.variables[name], list):
-                    self.variables.setdefault(name, [None] * len(branches))[i] = value
-                    self.meta.setdefault(name, [None] * len(branches))[i] = branch.meta[name]
+                if name in self.variables and not isinstance(self.variables[name], list):
+                    continue  # the parent's own variable wins
+                values, metas = gathered.setdefault(
+                    name, ([None] * len(branches), [None] * len(branches))
+                )
+                values[i], metas[i] = value, branch.meta[name]
+        for name, (values, metas) in gathered.items():
+            self._set(name, values, metas)
 
     # --- state changes ----------------------------------------------------------------
     def _append(self, text: str, var: str | None, *, emit: bool = True) -> None:
@@ -203,7 +209,7 @@ class StateExecutor:
         for listener in self.listeners:
             listener((var, text))
 
-    def _set(self, name: str, value: Any, meta: dict[str, Any]) -> None:
+    def _set(self, name: str, value: Any, meta: Any) -> None:
         self.variables[name] = value
         self.meta[name] = meta
         for fut in self._waiters.pop(name, []):

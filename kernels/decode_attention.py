@@ -17,6 +17,8 @@ from ._dispatch import choose_impl, next_pow2, num_programs
 
 # Upper bound on the fp32 K (or V) elements the torch path materializes at once.
 _TORCH_CHUNK_ELEMS = 1 << 24
+# Requests per group on the torch path: small groups of similar length pad little.
+_GROUP_REQUESTS = 16
 
 
 def paged_decode_attention(
@@ -89,30 +91,51 @@ def paged_decode_attention_torch(
     scale: float,
     sliding_window: int | None = None,
 ) -> torch.Tensor:
-    """Reference / CPU path: gather each request's K/V window, batched fp32 matmuls."""
+    """Reference / CPU path: gather each request's K/V window, batched fp32 matmuls.
+
+    Requests are taken in order of length, a few at a time, and each group is padded only to
+    its own longest window, so a batch of mixed lengths gathers little padding.
+    """
     b, hq, d = q.shape
     hkv = k_pool.shape[1]
     out = torch.zeros_like(q)
     seq = seq_lens.long()
     start = (seq - sliding_window).clamp(min=0) if sliding_window else torch.zeros_like(seq)
-    span = int((seq - start).max()) if b else 0
-    if span <= 0:
-        return out
-    chunk = max(1, _TORCH_CHUNK_ELEMS // (span * hkv * d))
-    for lo in range(0, b, chunk):
-        hi = min(b, lo + chunk)
-        out[lo:hi] = _decode_chunk(
-            q[lo:hi],
-            k_pool,
-            v_pool,
-            req_to_token,
-            req_slots[lo:hi],
-            seq[lo:hi],
-            start[lo:hi],
-            span=span,
-            scale=scale,
-        )
+    spans = seq - start
+    order = torch.argsort(spans)
+    sorted_spans = spans[order].tolist()
+    lo = 0
+    while lo < b:
+        hi = _group_end(sorted_spans, lo, row_elems=hkv * d)
+        span = sorted_spans[hi - 1]
+        if span > 0:
+            idx = order[lo:hi]
+            out[idx] = _decode_chunk(
+                q[idx],
+                k_pool,
+                v_pool,
+                req_to_token,
+                req_slots[idx],
+                seq[idx],
+                start[idx],
+                span=span,
+                scale=scale,
+            )
+        lo = hi
     return out
+
+
+def _group_end(sorted_spans: list[int], lo: int, *, row_elems: int) -> int:
+    """End of the group starting at ``lo``: at most ``_GROUP_REQUESTS`` requests whose padded
+    K (or V) stays under ``_TORCH_CHUNK_ELEMS`` elements (always at least one request)."""
+    hi = lo + 1
+    while (
+        hi < len(sorted_spans)
+        and hi - lo < _GROUP_REQUESTS
+        and (hi - lo + 1) * sorted_spans[hi] * row_elems <= _TORCH_CHUNK_ELEMS
+    ):
+        hi += 1
+    return hi
 
 
 def _decode_chunk(

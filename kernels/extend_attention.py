@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from torch.nn.attention.bias import causal_lower_right
 
 from ._attn_common import check_paged_attention
 from ._dispatch import choose_impl, next_pow2
@@ -82,11 +83,10 @@ def extend_attention_torch(
 ) -> torch.Tensor:
     """Reference / CPU path: one ``scaled_dot_product_attention`` per request.
 
-    GQA is folded into the query length ([Hkv, G * e, D]) so K/V are never repeated.
+    Without a sliding window the causal mask is implicit (bottom-right aligned when a prefix
+    is cached), which lets torch pick its fused flash kernel; GQA is handled by SDPA itself,
+    so K/V are never repeated.
     """
-    t, hq, d = q.shape
-    hkv = k_pool.shape[1]
-    group = hq // hkv
     out = torch.empty_like(q)
     offset = 0
     for req, pre, ext in zip(
@@ -94,24 +94,63 @@ def extend_attention_torch(
     ):
         if ext == 0:
             continue
-        total = pre + ext
-        k_lo = max(0, pre - sliding_window + 1) if sliding_window else 0
-        slots = req_to_token[req, k_lo:total].long()
-        k = k_pool[slots].transpose(0, 1)  # [hkv, n, d]
-        v = v_pool[slots].transpose(0, 1)
-        qb = q[offset : offset + ext].view(ext, hkv, group, d).permute(1, 2, 0, 3)
-        qb = qb.reshape(hkv, group * ext, d)
-        qpos = torch.arange(pre, total, device=q.device).unsqueeze(1)
-        kpos = torch.arange(k_lo, total, device=q.device).unsqueeze(0)
-        mask = kpos <= qpos
+        rows = slice(offset, offset + ext)
         if sliding_window:
-            mask &= kpos > qpos - sliding_window
-        o = F.scaled_dot_product_attention(qb, k, v, attn_mask=mask.repeat(group, 1), scale=scale)
-        out[offset : offset + ext] = (
-            o.view(hkv, group, ext, d).permute(2, 0, 1, 3).reshape(ext, hq, d)
-        )
+            out[rows] = _windowed(
+                q[rows], k_pool, v_pool, req_to_token[req], pre, sliding_window, scale
+            )
+        else:
+            out[rows] = _causal(q[rows], k_pool, v_pool, req_to_token[req], pre, scale)
         offset += ext
     return out
+
+
+def _causal(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    slots_row: torch.Tensor,
+    pre: int,
+    scale: float,
+) -> torch.Tensor:
+    """One request's causal attention over its prefix + new tokens (implicit mask)."""
+    ext = q.shape[0]
+    slots = slots_row[: pre + ext].long()
+    k = k_pool[slots].transpose(0, 1).unsqueeze(0)  # [1, hkv, n, d]
+    v = v_pool[slots].transpose(0, 1).unsqueeze(0)
+    qb = q.transpose(0, 1).unsqueeze(0)  # [1, hq, ext, d]
+    mask = causal_lower_right(ext, pre + ext) if pre else None
+    o = F.scaled_dot_product_attention(
+        qb, k, v, attn_mask=mask, is_causal=not pre, scale=scale, enable_gqa=True
+    )
+    return o[0].transpose(0, 1)
+
+
+def _windowed(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    slots_row: torch.Tensor,
+    pre: int,
+    window: int,
+    scale: float,
+) -> torch.Tensor:
+    """One request's sliding-window attention with an explicit mask; GQA folded into the
+    query length ([Hkv, G * e, D]) so K/V are never repeated."""
+    ext, hq, d = q.shape
+    hkv = k_pool.shape[1]
+    group = hq // hkv
+    total = pre + ext
+    k_lo = max(0, pre - window + 1)
+    slots = slots_row[k_lo:total].long()
+    k = k_pool[slots].transpose(0, 1)  # [hkv, n, d]
+    v = v_pool[slots].transpose(0, 1)
+    qb = q.view(ext, hkv, group, d).permute(1, 2, 0, 3).reshape(hkv, group * ext, d)
+    qpos = torch.arange(pre, total, device=q.device).unsqueeze(1)
+    kpos = torch.arange(k_lo, total, device=q.device).unsqueeze(0)
+    mask = (kpos <= qpos) & (kpos > qpos - window)
+    o = F.scaled_dot_product_attention(qb, k, v, attn_mask=mask.repeat(group, 1), scale=scale)
+    return o.view(hkv, group, ext, d).permute(2, 0, 1, 3).reshape(ext, hq, d)
 
 
 @triton.jit

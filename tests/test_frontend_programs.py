@@ -169,6 +169,30 @@ def test_fork_shares_the_prefix_and_join_gathers(backend: Backend) -> None:
     assert state.text().endswith("Done.")
 
 
+@plait.program
+def tree(s, seen):  # type: ignore[no-untyped-def]
+    s += "Question: how?"
+    plans = s.fork(2)
+    plans += lambda i: f" Plan {i}:" + plait.gen("plan", max_tokens=3, min_tokens=3)
+    groups = [plan.fork(2) for plan in plans]
+    for group in groups:
+        group += lambda j: f" Step {j}:" + plait.gen("step", max_tokens=2, min_tokens=2)
+        group.join()
+    seen["inner"] = [plan["step"] for plan in plans]  # read before the outer join has run
+    plans.join()
+    seen["outer"] = s["step"]  # read right after the join is queued
+
+
+def test_fork_of_a_fork_joins_and_its_variables_are_readable(backend: Backend) -> None:
+    seen: dict[str, list[list[str]]] = {}
+    state = tree.run(seen=seen, backend=backend, temperature=0)
+    steps = state["step"]
+    assert len(steps) == 2 and all(len(group) == 2 for group in steps)
+    assert all(isinstance(x, str) and x for group in steps for x in group)
+    assert seen == {"inner": steps, "outer": steps}
+    assert len(state["plan"]) == 2 and state.text() == "Question: how?"
+
+
 def test_nested_program_call_and_bind(backend: Backend) -> None:
     state = caller.run(backend=backend, temperature=0)
     assert state.text().startswith("Start. [nested] ") and state.text().endswith(" End.")

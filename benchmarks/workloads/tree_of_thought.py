@@ -80,7 +80,7 @@ def tree(s: Any, text: str, width: int, new_tokens: int, index: int, clock: Cloc
     steps = [plan.fork(width) for plan in plans]
     for group in steps:
         group += lambda j: step_text(j) + plait.gen("step", max_tokens=n, min_tokens=n)
-    # leaves are read from the branches: joining a fork of a fork never returns (reported)
+    # the leaves are read straight from the branches (no join needed to read them)
     leaves = tuple(
         (p["plan"], tuple(b["step"] for b in g)) for p, g in zip(plans, steps, strict=True)
     )
