@@ -153,3 +153,27 @@ def test_shared_prefix_path_matches_naive(hq: int, hkv: int, prefix: int) -> Non
     torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5)
     plain = paged_decode_attention(q, k_pool, v_pool, r2t, req_slots, seq_lens, scale=0.3)
     torch.testing.assert_close(out, plain, atol=1e-5, rtol=1e-5)
+
+
+def test_torch_path_groups_mixed_lengths() -> None:
+    """Enough requests of mixed lengths that the torch path splits them into several
+    length-sorted groups (including empty and single-token ones); order is preserved."""
+    g = torch.Generator().manual_seed(5)
+    lens = [0, 1] + torch.randint(2, 3000, (38,), generator=g).tolist()
+    case = make_case(lens, 8, 2, 64, torch.float32, seed=11)
+    out = paged_decode_attention(*case, scale=0.125)
+    want = naive_decode(*case, scale=0.125)
+    torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5)
+
+
+def test_shared_prefix_with_empty_suffixes_and_many_groups() -> None:
+    lens = [64] * 3 + [64 + 37 * i for i in range(1, 30)]
+    q, k_pool, v_pool, r2t, req_slots, seq_lens = make_case(lens, 8, 2, 64, torch.float32)
+    shared = r2t[req_slots[0], :64].clone()
+    for row in req_slots:
+        r2t[row, :64] = shared
+    out = paged_decode_attention(
+        q, k_pool, v_pool, r2t, req_slots, seq_lens, scale=0.125, shared_prefix_len=64
+    )
+    want = naive_decode(q, k_pool, v_pool, r2t, req_slots, seq_lens, scale=0.125)
+    torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5)
