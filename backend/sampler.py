@@ -1,4 +1,4 @@
-"""Turn a batch of logits into next tokens: penalties, temperature, top-k/p/min-p, seeds.
+"""Turn a batch of logits into next tokens: bias, penalties, temperature, top-k/p/min-p, seeds.
 
 Every per-request parameter becomes one tensor row so a step samples the whole batch in a few
 vectorized ops. Randomness comes from one uniform per request per step, drawn from that
@@ -28,6 +28,7 @@ class SamplingBatch:
     uniforms: torch.Tensor  # [B] float32
     all_greedy: bool
     penalized: list[int]  # rows with repetition/frequency/presence penalties
+    biased: list[int]  # rows with a logit_bias
     banned: list[tuple[int, list[int]]]  # (row, token ids) masked before min_new_tokens
 
     @classmethod
@@ -47,6 +48,7 @@ class SamplingBatch:
             ),
             all_greedy=all(greedy),
             penalized=[i for i, p in enumerate(params) if p.has_penalties],
+            biased=[i for i, p in enumerate(params) if p.logit_bias],
             banned=[
                 (i, r.stop_ids_before_min()) for i, r in enumerate(reqs) if r.below_min_tokens()
             ],
@@ -70,6 +72,7 @@ class Sampler:
         """Sample one token per row of `logits` (float32 [B, V]); masks already applied."""
         batch = SamplingBatch.from_reqs(reqs)
         logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
+        self._apply_bias(logits, reqs, batch.biased)
         self._apply_penalties(logits, reqs, batch.penalized)
         for row, ids in batch.banned:
             logits[row, ids] = float("-inf")
@@ -86,6 +89,14 @@ class Sampler:
         greedy = batch.greedy.to(logits.device)
         tokens = torch.where(greedy, logits.argmax(dim=-1), sampled)
         return SampleResult(tokens.tolist(), logprobs)
+
+    def _apply_bias(self, logits: torch.Tensor, reqs: Sequence[Req], rows: list[int]) -> None:
+        """OpenAI's logit_bias: add each request's per-token bias (masked tokens stay -inf)."""
+        for row in rows:
+            pairs = reqs[row].params.logit_bias
+            ids = torch.tensor([t for t, _ in pairs], dtype=torch.int64, device=logits.device)
+            bias = torch.tensor([b for _, b in pairs], dtype=logits.dtype, device=logits.device)
+            logits[row, ids] += bias
 
     def _apply_penalties(self, logits: torch.Tensor, reqs: Sequence[Req], rows: list[int]) -> None:
         """Repetition (HF style, over prompt + output), frequency and presence (over output)."""

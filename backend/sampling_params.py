@@ -32,6 +32,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
@@ -87,6 +88,8 @@ class SamplingParams:
             schema = schema.model_json_schema()  # a pydantic model class
         if isinstance(schema, dict):
             data["json_schema"] = json.dumps(schema)
+        if data.get("logit_bias") is not None:
+            data["logit_bias"] = _bias_pairs(data["logit_bias"])
         for name in ("stop", "stop_token_ids", "choices"):
             if data.get(name) is not None:
                 if not isinstance(data[name], (list, tuple)):
@@ -119,6 +122,14 @@ class SamplingParams:
             (0 <= self.top_logprobs_num <= MAX_TOP_LOGPROBS, "top_logprobs_num must be in [0, 20]"),
             (all(0 <= t < vocab_size for t in self.stop_token_ids), "stop_token_ids out of vocab"),
             (all(isinstance(s, str) and s for s in self.stop), "stop must be non-empty strings"),
+            (
+                all(0 <= t < vocab_size for t, _ in self.logit_bias),
+                "logit_bias: token id out of vocab",
+            ),
+            (
+                all(-100 <= b <= 100 for _, b in self.logit_bias),
+                "logit_bias values must be in [-100, 100]",
+            ),
         ]
         for ok, message in checks:
             if not ok:
@@ -139,14 +150,34 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _is_float(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _bias_pairs(value: Any) -> tuple[tuple[int, float], ...]:
+    """`{token_id: bias}` (ids as ints or decimal strings, as OpenAI sends them) or a list of
+    pairs -> sorted (id, bias) pairs."""
+    items = value.items() if isinstance(value, Mapping) else value
+    if not isinstance(items, (list, tuple)) and not isinstance(value, Mapping):
+        raise ValueError("sampling_params.logit_bias must map token ids to biases")
+    pairs = {}
+    for key, bias in items:
+        token = int(key) if isinstance(key, str) and key.strip().lstrip("-").isdigit() else key
+        if not _is_int(token) or not _is_float(bias):
+            raise ValueError(f"sampling_params.logit_bias: bad entry {key!r}: {bias!r}")
+        pairs[token] = float(bias)
+    return tuple(sorted(pairs.items()))
+
+
 _TYPE_CHECKS: Mapping[str, Callable[[Any], bool]] = MappingProxyType(
     {
         "bool": lambda v: isinstance(v, bool),
         "int": _is_int,
-        "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+        "float": _is_float,
         "str": lambda v: isinstance(v, str),
         "strs": lambda v: all(isinstance(x, str) for x in v),
         "ints": lambda v: all(_is_int(x) for x in v),
+        "bias": lambda v: all(_is_int(t) and _is_float(b) for t, b in v),
     }
 )
 
@@ -156,6 +187,8 @@ def _field_kind(name: str, default: Any) -> str:
         return "strs"
     if name == "stop_token_ids":
         return "ints"
+    if name == "logit_bias":
+        return "bias"
     if name == "seed":
         return "int"
     for kind, cls in (("bool", bool), ("int", int), ("float", float)):

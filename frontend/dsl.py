@@ -42,6 +42,7 @@ def gen(
     frequency_penalty: float | None = None,
     presence_penalty: float | None = None,
     repetition_penalty: float | None = None,
+    logit_bias: dict[int, float] | None = None,
     ignore_eos: bool | None = None,
     seed: int | None = None,
     regex: str | None = None,

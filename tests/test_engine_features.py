@@ -155,3 +155,31 @@ def test_prompt_logprobs_from_position_zero(engine: Engine) -> None:
     assert [t for _, t in three["logprobs"]["input"]] == [321, 322, 323]
     assert three["logprobs"]["input"][0][0] is None
     assert all(isinstance(v, float) for v, _ in three["logprobs"]["input"][1:])
+
+
+def test_logit_bias_parsing_and_ranges() -> None:
+    from plait.backend.sampling_params import SamplingParams
+
+    params = SamplingParams.from_dict({"logit_bias": {"7": -1, 5: 3.5}})
+    assert params.logit_bias == ((5, 3.5), (7, -1.0))
+    params.validate(vocab_size=10)
+    with pytest.raises(ValueError, match="logit_bias"):
+        SamplingParams.from_dict({"logit_bias": {"x": 1.0}})
+    with pytest.raises(ValueError, match="logit_bias"):
+        SamplingParams.from_dict({"logit_bias": {3: "high"}})
+    with pytest.raises(ValueError, match="logit_bias"):
+        SamplingParams.from_dict({"logit_bias": {3: 101}}).validate(vocab_size=10)
+    with pytest.raises(ValueError, match="logit_bias"):
+        SamplingParams.from_dict({"logit_bias": {10: 1}}).validate(vocab_size=10)
+
+
+def test_logit_bias_steers_sampling_in_a_mixed_batch(engine: Engine) -> None:
+    plain = greedy(5, ignore_eos=True)
+    forced = greedy(5, ignore_eos=True, logit_bias={123: 100.0})
+    sampled = {"max_new_tokens": 5, "temperature": 1.0, "seed": 3, "ignore_eos": True,
+               "logit_bias": {"77": 100}}  # fmt: skip
+    alone = engine.generate("Bias", plain)
+    out = engine.generate(["Bias", "Bias", "Bias"], [plain, forced, sampled])
+    assert out[0]["output_ids"] == alone["output_ids"]  # other rows are untouched
+    assert out[1]["output_ids"] == [123] * 5
+    assert out[2]["output_ids"] == [77] * 5

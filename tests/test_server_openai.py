@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import httpx
 import openai
@@ -75,6 +76,21 @@ def test_n_seed_and_stop(client: openai.OpenAI) -> None:
         )
         assert cut.choices[0].finish_reason == "stop"
         assert cut.choices[0].text == text[: text.find(stop)]
+
+
+def test_logit_bias_forces_and_bans_tokens(client: openai.OpenAI, plait_server: Runtime) -> None:
+    def native(bias: dict[str, float]) -> dict[str, Any]:
+        params = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True, "logit_bias": bias}
+        body = {"text": "abc", "sampling_params": params}
+        return httpx.post(plait_server.url + "/generate", json=body, timeout=60).json()
+
+    forced = native({"300": 100})
+    assert forced["output_ids"] == [300] * 6  # +100 wins every greedy step
+    first = native({})["output_ids"][0]
+    assert native({str(first): -100})["output_ids"][0] != first  # -100 bans it
+    args = {"model": MODEL, "prompt": "abc", "max_tokens": 6, **GREEDY}
+    out = client.completions.create(logit_bias={"300": 100}, **args)  # type: ignore[arg-type]
+    assert out.choices[0].text == forced["text"]
 
 
 def test_batch_prompts_number_choices_prompt_major(plait_server: Runtime) -> None:

@@ -91,8 +91,6 @@ def check_common(ctx: ServerContext, req: OpenAISampling) -> None:
             400, f"model: unknown model {req.model!r}; this server serves {ctx.model_name!r}",
             param="model",
         )  # fmt: skip
-    if req.logit_bias:
-        raise ApiError(400, "logit_bias: not supported by plait", param="logit_bias")
 
 
 def sampling_fields(req: OpenAISampling, max_tokens: int) -> dict[str, Any]:
@@ -106,6 +104,7 @@ def sampling_fields(req: OpenAISampling, max_tokens: int) -> dict[str, Any]:
         "seed": req.seed,
         "presence_penalty": req.presence_penalty,
         "frequency_penalty": req.frequency_penalty,
+        "logit_bias": req.logit_bias or None,
         "top_k": req.top_k,
         "min_p": req.min_p,
         "repetition_penalty": req.repetition_penalty,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from plait.backend.engine import Engine
-from plait.backend.sampling_params import SamplingParams
+from plait.backend.sampling_params import FIELD_KINDS, SamplingParams
 from plait.backend.server.metrics import ServerMetrics
 from plait.backend.server.protocol import ApiError, error_body
 
@@ -75,7 +76,13 @@ def make_params(fields: dict[str, Any], *, name: str = "sampling_params") -> Sam
     try:
         return SamplingParams.from_dict({k: v for k, v in fields.items() if v is not None})
     except (TypeError, ValueError) as exc:
-        raise ApiError(400, f"{name}: {exc}", param=name) from exc
+        raise ApiError(400, f"{name}: {exc}", param=field_named(str(exc)) or name) from exc
+
+
+def field_named(message: str) -> str | None:
+    """The sampling-parameter field an error message names first (for the error's `param`)."""
+    hits = [(message.find(f), f) for f in FIELD_KINDS if re.search(rf"\b{f}\b", message)]
+    return min(hits)[1] if hits else None
 
 
 def check_lengths(
@@ -110,7 +117,7 @@ def raise_if_error(ctx: ServerContext, item: dict[str, Any]) -> None:
     reason = item.get("finish_reason") or {}
     if reason.get("type") == "error":
         message = str(reason.get("message", "request failed"))
-        raise ApiError(error_status(ctx, message), message)
+        raise ApiError(error_status(ctx, message), message, param=field_named(message))
 
 
 # --- running jobs -------------------------------------------------------------------------
@@ -145,7 +152,7 @@ async def _submitting(run: Callable[[], Any]) -> None:
     try:
         await run()
     except ValueError as exc:
-        raise ApiError(400, str(exc)) from exc
+        raise ApiError(400, str(exc), param=field_named(str(exc))) from exc
 
 
 async def wait_disconnect(request: Request) -> None:

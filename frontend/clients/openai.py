@@ -31,6 +31,7 @@ OPENAI_NAMES = {
     "seed": "seed",
     "frequency_penalty": "frequency_penalty",
     "presence_penalty": "presence_penalty",
+    "logit_bias": "logit_bias",
 }
 
 
