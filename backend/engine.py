@@ -21,6 +21,7 @@ from plait.backend.config import EngineConfig
 from plait.backend.inprocess import InProcessRuntime
 from plait.backend.messages import ModelInfo, Stats
 from plait.backend.multiprocess import MultiProcessRuntime
+from plait.backend.profiler import ProfileRequest
 from plait.backend.sampling_params import SamplingParams
 from plait.backend.tokenizer_manager import TokenizerManager
 
@@ -255,6 +256,20 @@ class Engine:
 
     async def async_flush_cache(self) -> bool:
         return bool(await asyncio.wrap_future(self.tokenizer_manager.control("flush_cache")))
+
+    def start_profile(self, *, output_dir: str | None = None, num_steps: int | None = None) -> str:
+        """Record the scheduler's steps with the torch profiler until `stop_profile()` (or for
+        `num_steps` steps); the Chrome trace goes to `output_dir` (default $PLAIT_PROFILE_DIR
+        or /tmp)."""
+        request = ProfileRequest.from_dict({"output_dir": output_dir, "num_steps": num_steps})
+        return str(self.tokenizer_manager.control("start_profile", request).result(timeout=60))
+
+    def stop_profile(self) -> str:
+        """End the recording; returns the trace file's path."""
+        return str(self.tokenizer_manager.control("stop_profile").result(timeout=600))
+
+    async def async_control(self, kind: str, arg: Any = None) -> Any:
+        return await asyncio.wrap_future(self.tokenizer_manager.control(kind, arg))
 
     def shutdown(self) -> None:
         if self._tm is None:

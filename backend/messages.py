@@ -34,10 +34,13 @@ class AbortRequest:
 @dataclass(frozen=True)
 class ControlRequest:
     """A question for the scheduler answered by one `ControlReply` with the same `call_id`:
-    `kind` is "flush_cache" (value: bool) or "stats" (value: Stats)."""
+    `kind` is "flush_cache" (value: bool), "stats" (value: Stats), "start_profile" (arg: a
+    ProfileRequest; value: a message) or "stop_profile" (value: the trace's path). A refused
+    request's value is the exception."""
 
     call_id: str
     kind: str
+    arg: Any = None
 
 
 @dataclass(frozen=True)

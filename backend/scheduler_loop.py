@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import traceback
 from collections.abc import Callable
+from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
@@ -26,6 +27,7 @@ from plait.backend.messages import (
     TokenizedRequest,
 )
 from plait.backend.model_runner import ModelRunner
+from plait.backend.profiler import ProfileRequest, StepProfiler
 from plait.backend.scheduler import Scheduler
 from plait.backend.tokenizer_utils import make_decoder
 
@@ -61,38 +63,57 @@ def describe(scheduler: Scheduler) -> ModelInfo:
     )
 
 
-def handle_message(scheduler: Scheduler, msg: object, send: Send) -> list[ReqOutput]:
+def handle_message(
+    scheduler: Scheduler, msg: object, send: Send, profiler: StepProfiler
+) -> list[ReqOutput]:
     """Apply one incoming message; control replies are sent at once."""
     if isinstance(msg, TokenizedRequest):
         return scheduler.add_request(msg)
     if isinstance(msg, AbortRequest):
         return scheduler.abort(msg.rid)
     if isinstance(msg, ControlRequest):
-        if msg.kind == "flush_cache":
-            send(ControlReply(msg.call_id, scheduler.flush_cache()))
-        elif msg.kind == "stats":
-            send(ControlReply(msg.call_id, scheduler.stats()))
-        else:
-            send(ControlReply(msg.call_id, ValueError(f"unknown control {msg.kind!r}")))
+        try:
+            value = answer_control(scheduler, profiler, msg)
+        except (ValueError, RuntimeError, OSError) as exc:
+            value = exc
+        send(ControlReply(msg.call_id, value))
         return []
     raise TypeError(f"scheduler got an unknown message {type(msg).__name__}")
+
+
+def answer_control(scheduler: Scheduler, profiler: StepProfiler, msg: ControlRequest) -> Any:
+    if msg.kind == "flush_cache":
+        return scheduler.flush_cache()
+    if msg.kind == "stats":
+        return scheduler.stats()
+    if msg.kind == "start_profile":
+        return profiler.start(msg.arg if msg.arg is not None else ProfileRequest())
+    if msg.kind == "stop_profile":
+        return profiler.stop()
+    raise ValueError(f"unknown control {msg.kind!r}")
 
 
 def run_loop(
     scheduler: Scheduler, *, recv: Recv, send: Send, should_stop: Callable[[], bool]
 ) -> None:
     """Serve until `should_stop()`; never dies on a bad request or a failed step."""
+    profiler = StepProfiler()
     while not should_stop():
         outputs: list[ReqOutput] = []
         for msg in recv(not scheduler.has_work()):
             try:
-                outputs.extend(handle_message(scheduler, msg, send))
+                outputs.extend(handle_message(scheduler, msg, send, profiler))
             except Exception:  # noqa: BLE001 - a bad message must not stop the loop
                 log.exception("bad message %r", type(msg).__name__)
         try:
-            outputs.extend(scheduler.step())
+            with profiler.region("plait.scheduler_step"):
+                outputs.extend(scheduler.step())
         except Exception as exc:  # noqa: BLE001 - fail the batch, keep serving
             log.error("scheduler step failed:\n%s", traceback.format_exc())
             outputs.extend(scheduler.fail_all(f"internal error: {exc!r}"))
         if outputs:
             send(BatchTokenOut(outputs))
+        if scheduler.has_work() or outputs:
+            profiler.after_step()
+    if profiler.active:
+        log.warning("profile trace written at shutdown: %s", profiler.stop())

@@ -196,7 +196,7 @@ class TokenizerManager:
         with self._lock:
             return list(self.states)
 
-    def control(self, kind: str) -> Future[Any]:
+    def control(self, kind: str, arg: Any = None) -> Future[Any]:
         call_id = f"{self._prefix}-call-{next(self._ids)}"
         fut: Future[Any] = Future()
         with self._lock:
@@ -206,7 +206,7 @@ class TokenizerManager:
         if closed is not None:
             fut.set_exception(RuntimeError(closed))
             return fut
-        self.send(ControlRequest(call_id, kind))
+        self.send(ControlRequest(call_id, kind, arg))
         return fut
 
     # --- results ----------------------------------------------------------------------
@@ -215,7 +215,11 @@ class TokenizerManager:
         if isinstance(msg, ControlReply):
             with self._lock:
                 fut = self.calls.pop(msg.call_id, None)
-            if fut is not None:
+            if fut is None:
+                return
+            if isinstance(msg.value, Exception):
+                fut.set_exception(msg.value)
+            else:
                 fut.set_result(msg.value)
             return
         assert isinstance(msg, BatchStrOut), type(msg)

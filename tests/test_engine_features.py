@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -183,3 +185,22 @@ def test_logit_bias_steers_sampling_in_a_mixed_batch(engine: Engine) -> None:
     assert out[0]["output_ids"] == alone["output_ids"]  # other rows are untouched
     assert out[1]["output_ids"] == [123] * 5
     assert out[2]["output_ids"] == [77] * 5
+
+
+def test_profile_records_steps_into_a_chrome_trace(engine: Engine, tmp_path: Path) -> None:
+    assert "started" in engine.start_profile(output_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="already"):
+        engine.start_profile(output_dir=str(tmp_path))
+    engine.generate("Profile me", greedy(4))
+    path = Path(engine.stop_profile())
+    assert path.parent == tmp_path and path.suffix == ".json"
+    events = json.loads(path.read_text())["traceEvents"]
+    names = {str(e.get("name", "")) for e in events}
+    assert "plait.scheduler_step" in names and any(n.startswith("aten::") for n in names)
+    with pytest.raises(ValueError, match="no profile"):
+        engine.stop_profile()
+    with pytest.raises(ValueError, match="num_steps"):
+        engine.start_profile(num_steps=0)
+    engine.start_profile(output_dir=str(tmp_path / "auto"), num_steps=2)
+    engine.generate("Stops by itself", greedy(6))
+    assert len(list((tmp_path / "auto").glob("plait-trace-*.json"))) == 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -143,3 +144,17 @@ def test_metrics_exposition(url: str) -> None:
         == (m["plait_time_to_first_token_seconds_count"])
     )
     assert m["plait_kv_total_tokens"] == 16384
+
+
+def test_start_and_stop_profile_write_a_trace(url: str, tmp_path: Path) -> None:
+    r = httpx.post(url + "/start_profile", json={"output_dir": str(tmp_path)}, timeout=30)
+    assert r.status_code == 200, r.text
+    assert generate(url, text="profiled", sampling_params=greedy(3)).status_code == 200
+    r = httpx.post(url + "/stop_profile", timeout=120)
+    assert r.status_code == 200, r.text
+    traces = list(tmp_path.glob("plait-trace-*.json"))
+    assert len(traces) == 1 and str(traces[0]) in r.text
+    again = httpx.post(url + "/stop_profile", timeout=30)
+    assert again.status_code == 400 and "no profile" in error_message(again)
+    bad = httpx.post(url + "/start_profile", json={"num_steps": -1}, timeout=30)
+    assert bad.status_code == 400 and "num_steps" in error_message(bad)

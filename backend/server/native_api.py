@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import time
 from importlib import metadata
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
+from plait.backend.profiler import ProfileRequest
 from plait.backend.server.protocol import AbortBody, ApiError, GenerateRequest, error_body
 from plait.backend.server.serving import (
     Chunks,
@@ -57,6 +59,8 @@ class NativeApi:
         add("/abort_request", self.abort_request, methods=["POST"])
         add("/health", self.health, methods=["GET"])
         add("/health_generate", self.health_generate, methods=["GET"])
+        add("/start_profile", self.start_profile, methods=["GET", "POST"])
+        add("/stop_profile", self.stop_profile, methods=["GET", "POST"])
         add("/concate_and_append_request", self.concate_and_append, methods=["POST"])
         return router
 
@@ -103,6 +107,24 @@ class NativeApi:
         if await self.ctx.engine.async_flush_cache():
             return PlainTextResponse("Cache flushed.\n")
         return PlainTextResponse("Cache not flushed: requests are running.\n", status_code=400)
+
+    async def start_profile(self, request: Request) -> PlainTextResponse:
+        """Torch-profile the scheduler: optional JSON `{"output_dir", "num_steps"}`."""
+        body = await request.body()
+        try:
+            arg = ProfileRequest.from_dict(json.loads(body) if body.strip() else None)
+            message = await self.ctx.engine.async_control("start_profile", arg)
+        except (ValueError, TypeError) as exc:  # json.JSONDecodeError is a ValueError
+            raise ApiError(400, f"start_profile: {exc}") from exc
+        return PlainTextResponse(f"{message}\n")
+
+    async def stop_profile(self) -> PlainTextResponse:
+        """End the recording; answers with the Chrome trace's path."""
+        try:
+            path = await self.ctx.engine.async_control("stop_profile")
+        except ValueError as exc:
+            raise ApiError(400, f"stop_profile: {exc}") from exc
+        return PlainTextResponse(f"profile written to {path}\n")
 
     async def abort_request(self, body: AbortBody) -> Response:
         """Abort `rid` (and its samples `rid.i`), or everything with `abort_all`."""
