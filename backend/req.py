@@ -98,6 +98,15 @@ class Req:
     def all_ids(self) -> list[int]:
         return self.origin_input_ids + self.output_ids
 
+    def ids(self, start: int, end: int) -> list[int]:
+        """Token ids [start, end) of prompt + output without copying the whole sequence."""
+        n = self.prompt_len
+        if start >= n:
+            return self.output_ids[start - n : end - n]
+        if end <= n:
+            return self.origin_input_ids[start:end]
+        return self.origin_input_ids[start:] + self.output_ids[: end - n]
+
     def is_decoding(self) -> bool:
         return self.row is not None and self.kv_len == self.seq_len - 1
 

@@ -1,9 +1,11 @@
 """In which order waiting requests are admitted: cache-aware (longest prefix match,
-DFS-weight) or first-come-first-served for very long queues."""
+DFS-weight) or first-come-first-served for very long queues; and the plan one step fills
+while admitting them."""
 
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass, field
 
 from plait.backend.kv_manager import KVManager
 from plait.backend.radix_cache import TreeNode
@@ -44,3 +46,22 @@ class SchedulePolicy:
             children = [c for c in node.children.values() if weight.get(id(c))]
             stack.extend(sorted(children, key=lambda c: weight[id(c)]))
         return out
+
+
+@dataclass
+class AdmissionPlan:
+    """Running totals while one step admits requests: prefill token budget left, KV tokens
+    planned and reserved for future decodes, and the uncached-prefix keys admitted so far."""
+
+    budget: int
+    planned: int
+    future: int
+    admitted: list[Req] = field(default_factory=list)
+    prefix_keys: set[tuple[int, tuple[int, ...]]] = field(default_factory=set)
+
+    def take(self, req: Req, chunk: int, future: int, key: tuple[int, tuple[int, ...]]) -> None:
+        self.budget -= chunk
+        self.planned += chunk
+        self.future += future
+        self.admitted.append(req)
+        self.prefix_keys.add(key)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 import torch
 
@@ -24,31 +23,13 @@ from plait.backend.model_runner import ModelRunner
 from plait.backend.output_builder import OutputBuilder
 from plait.backend.req import FinishReason, Req
 from plait.backend.sampler import Sampler
-from plait.backend.schedule_policy import SchedulePolicy
+from plait.backend.schedule_policy import AdmissionPlan, SchedulePolicy
 from plait.kernels import apply_token_bitmask
 
 DecodeFn = Callable[[list[int]], str]
 FUTURE_TOKENS_CLIP = 4096
 GRAMMAR_WAIT_S = 0.002
 SHARED_KEY_TOKENS = 32  # requests whose next uncached tokens match wait one step to share
-
-
-@dataclass
-class _Admission:
-    """Running totals while one step admits requests."""
-
-    budget: int
-    planned: int
-    future: int
-    admitted: list[Req] = field(default_factory=list)
-    prefix_keys: set[tuple[int, tuple[int, ...]]] = field(default_factory=set)
-
-    def take(self, req: Req, chunk: int, future: int, key: tuple[int, tuple[int, ...]]) -> None:
-        self.budget -= chunk
-        self.planned += chunk
-        self.future += future
-        self.admitted.append(req)
-        self.prefix_keys.add(key)
 
 
 class Scheduler:
@@ -263,7 +244,7 @@ class Scheduler:
             if req.will_sample():
                 self.chunked = None
             return [req]
-        plan = _Admission(
+        plan = AdmissionPlan(
             budget=budget,
             planned=self.kv.pages_for(self.running) * self.kv.kv_pool.page_size,
             future=self._future_tokens(self.running),
@@ -280,10 +261,10 @@ class Scheduler:
                 break
         return plan.admitted
 
-    def _admit_one(self, req: Req, plan: _Admission) -> bool | None:
+    def _admit_one(self, req: Req, plan: AdmissionPlan) -> bool | None:
         """Admit `req` if it fits: True admitted, False deferred, None stop admitting."""
         match = self.kv.match(req)
-        key = (match.length, tuple(req_ids(req, match.length, match.length + SHARED_KEY_TOKENS)))
+        key = (match.length, tuple(req.ids(match.length, match.length + SHARED_KEY_TOKENS)))
         if not self.kv.tree.disabled and key in plan.prefix_keys:
             return False  # shares its uncached prefix with a request admitted this step
         first = not req.admitted_once
@@ -317,7 +298,7 @@ class Scheduler:
         logit_indices: list[int] = []
         for req in batch:
             start = len(input_ids)
-            input_ids.extend(req_ids(req, req.kv_len, req.kv_len + req.extend_len))
+            input_ids.extend(req.ids(req.kv_len, req.kv_len + req.extend_len))
             for pos in self.outputs.input_logprob_positions(req):
                 logit_indices.append(start + pos - req.kv_len)
             if req.will_sample():
@@ -421,13 +402,3 @@ class Scheduler:
             if req.finished is not None or len(req.output_ids) > req.sent_len:
                 out.append(self.outputs.emit(req))
         return out
-
-
-def req_ids(req: Req, start: int, end: int) -> list[int]:
-    """Token ids [start, end) of prompt + output without copying the whole sequence."""
-    n = req.prompt_len
-    if start >= n:
-        return req.output_ids[start - n : end - n]
-    if end <= n:
-        return req.origin_input_ids[start:end]
-    return req.origin_input_ids[start:] + req.output_ids[: end - n]
