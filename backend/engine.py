@@ -250,12 +250,12 @@ class Engine:
         return stats
 
     async def async_stats(self) -> Stats:
-        stats = await asyncio.wrap_future(self.tokenizer_manager.control("stats"))
+        stats = await self.async_control("stats")
         assert isinstance(stats, Stats)
         return stats
 
     async def async_flush_cache(self) -> bool:
-        return bool(await asyncio.wrap_future(self.tokenizer_manager.control("flush_cache")))
+        return bool(await self.async_control("flush_cache"))
 
     def start_profile(self, *, output_dir: str | None = None, num_steps: int | None = None) -> str:
         """Record the scheduler's steps with the torch profiler until `stop_profile()` (or for

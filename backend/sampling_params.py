@@ -157,8 +157,13 @@ def _is_float(value: Any) -> bool:
 def _bias_pairs(value: Any) -> tuple[tuple[int, float], ...]:
     """`{token_id: bias}` (ids as ints or decimal strings, as OpenAI sends them) or a list of
     pairs -> sorted (id, bias) pairs."""
-    items = value.items() if isinstance(value, Mapping) else value
-    if not isinstance(items, (list, tuple)) and not isinstance(value, Mapping):
+    if isinstance(value, Mapping):
+        items = list(value.items())
+    elif isinstance(value, (list, tuple)) and all(
+        isinstance(x, (list, tuple)) and len(x) == 2 for x in value
+    ):
+        items = list(value)
+    else:
         raise ValueError("sampling_params.logit_bias must map token ids to biases")
     pairs = {}
     for key, bias in items:

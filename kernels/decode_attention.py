@@ -189,11 +189,14 @@ def _decode_chunk(
     qf = q.float().view(b, hkv, hq // hkv, d)
     scores = torch.matmul(qf, k.transpose(-1, -2)).mul_(scale)  # [b, hkv, group, span]
     scores.masked_fill_(~valid[:, None, None, :], float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1).view(b, hq) if with_lse else None
-    probs = torch.softmax(scores, dim=-1)
+    if with_lse:
+        lse = torch.logsumexp(scores, dim=-1, keepdim=True)
+        probs = scores.sub_(lse).exp_()  # the softmax, from the lse already at hand
+    else:
+        lse, probs = None, torch.softmax(scores, dim=-1)
     if bool((seq <= start).any()):
         probs = probs.nan_to_num_(0.0)
-    return torch.matmul(probs, v).view(b, hq, d), lse
+    return torch.matmul(probs, v).view(b, hq, d), None if lse is None else lse.view(b, hq)
 
 
 def paged_decode_attention_shared_torch(
@@ -220,8 +223,8 @@ def paged_decode_attention_shared_torch(
     vp = v_pool.index_select(0, shared).float().permute(1, 0, 2)  # [hkv, p, d]
     qh = q.float().view(b, hkv, hq // hkv, d).permute(1, 0, 2, 3).reshape(hkv, -1, d)
     sp = torch.bmm(qh, kp).mul_(scale)  # [hkv, b * group, p]
-    lse_p = torch.logsumexp(sp, dim=-1)
-    o_p = torch.bmm(torch.softmax(sp, dim=-1), vp)  # [hkv, b * group, d]
+    lse_p = torch.logsumexp(sp, dim=-1, keepdim=True)
+    o_p = torch.bmm(sp.sub_(lse_p).exp_(), vp)  # [hkv, b * group, d]
     o_p = o_p.view(hkv, b, hq // hkv, d).permute(1, 0, 2, 3).reshape(b, hq, d)
     lse_p = lse_p.view(hkv, b, hq // hkv).permute(1, 0, 2).reshape(b, hq)
     start = torch.full_like(seq, p)
@@ -229,8 +232,9 @@ def paged_decode_attention_shared_torch(
         q, k_pool, v_pool, req_to_token, req_slots, seq, start, scale=scale, with_lse=True
     )
     assert lse_s is not None
-    w_s = torch.exp(lse_s - torch.maximum(lse_p, lse_s)).unsqueeze(-1)  # 0 where no suffix
-    w_p = torch.exp(lse_p - torch.maximum(lse_p, lse_s)).unsqueeze(-1)
+    top = torch.maximum(lse_p, lse_s)
+    w_s = torch.exp(lse_s - top).unsqueeze(-1)  # 0 where no suffix
+    w_p = torch.exp(lse_p - top).unsqueeze(-1)
     return ((o_p * w_p + o_s * w_s) / (w_p + w_s)).to(q.dtype)
 
 

@@ -81,7 +81,7 @@ def make_params(fields: dict[str, Any], *, name: str = "sampling_params") -> Sam
 
 def field_named(message: str) -> str | None:
     """The sampling-parameter field an error message names first (for the error's `param`)."""
-    hits = [(message.find(f), f) for f in FIELD_KINDS if re.search(rf"\b{f}\b", message)]
+    hits = [(m.start(), f) for f in FIELD_KINDS if (m := re.search(rf"\b{f}\b", message))]
     return min(hits)[1] if hits else None
 
 
