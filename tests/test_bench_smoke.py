@@ -103,3 +103,14 @@ def test_chat_prompt_is_what_the_peer_sends(target: PlaitTarget) -> None:
 def test_optimum_counts_tokens_seen_before() -> None:
     events = [([1, 2, 3], True), ([1, 2, 3, 4, 5], False), ([1, 2, 3, 4, 6], True)]
     assert optimum_hit_rate(events) == pytest.approx(1 - 4 / 8)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_head_keeps_the_first_items(runs: dict[str, tuple[Any, Run]], name: str) -> None:
+    data, _ = runs[name]
+    workload = load(name)
+    cut = workload.head(data, 1)
+    for field in workload.items:
+        assert getattr(cut, field) == getattr(data, field)[:1]
+    rest = set(vars(data)) - set(workload.items)
+    assert all(getattr(cut, f) == getattr(data, f) for f in rest)

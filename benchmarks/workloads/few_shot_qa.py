@@ -7,7 +7,7 @@ reused by every request). transformers: `generate` over prefix + question in bat
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import plait
@@ -111,16 +111,12 @@ def run_hf(data: Data, peers: Peers) -> Run:
     return peer_run(clock, len(outputs) * data.new_tokens, outputs)
 
 
-def head(data: Data, k: int) -> Data:
-    return replace(data, questions=data.questions[:k])
-
-
 WORKLOAD = Workload(
     name="few_shot_qa",
     title="Few-shot QA (5-shot, ~1,500-token prefix, 16 new tokens)",
     build=build,
     plait=run_plait,
-    head=head,
+    items=("questions",),
     sample=64,
     peers={HF: run_hf},
 )

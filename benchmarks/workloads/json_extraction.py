@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import plait
@@ -140,16 +140,12 @@ def run_hf(data: Data, peers: Peers) -> Run:
     raise Unavailable("transformers generate has no JSON Schema constraint (Outlines row)")
 
 
-def head(data: Data, k: int) -> Data:
-    return replace(data, documents=data.documents[:k])
-
-
 WORKLOAD = Workload(
     name="json_extraction",
     title="JSON extraction (64 documents, 6-field schema)",
     build=build,
     plait=run_plait,
-    head=head,
+    items=("documents",),
     peers={OUTLINES: run_outlines, HF: run_hf},
     systems=(PLAIT, NO_RADIX, NO_JUMP),
 )

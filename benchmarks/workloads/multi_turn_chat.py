@@ -8,7 +8,7 @@ of 16, each turn re-encodes the whole history with `apply_chat_template` and cal
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import plait
@@ -119,16 +119,12 @@ def run_hf(data: Data, peers: Peers) -> Run:
     return peer_run(clock, len(outputs) * turns * data.new_tokens, outputs)
 
 
-def head(data: Data, k: int) -> Data:
-    return replace(data, conversations=data.conversations[:k])
-
-
 WORKLOAD = Workload(
     name="multi_turn_chat",
     title="Multi-turn chat (32 conversations x 4 turns, 64 new tokens per turn)",
     build=build,
     plait=run_plait,
-    head=head,
+    items=("conversations",),
     sample=16,
     peers={HF: run_hf},
 )

@@ -9,7 +9,7 @@ and each request keeps only the tokens it asked for.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import plait
@@ -84,16 +84,12 @@ def run_hf(data: Data, peers: Peers) -> Run:
     return peer_run(clock, sum(data.new_tokens), outputs)
 
 
-def head(data: Data, k: int) -> Data:
-    return replace(data, prompts=data.prompts[:k], new_tokens=data.new_tokens[:k])
-
-
 WORKLOAD = Workload(
     name="random_mix",
     title="Random-length mix (128 requests, prompts 32-1,024, outputs 16-256, no sharing)",
     build=build,
     plait=run_plait,
-    head=head,
+    items=("prompts", "new_tokens"),
     peers={HF: run_hf},
     systems=(PLAIT, HTTP),
 )

@@ -10,7 +10,7 @@ generator per tool over the agents that picked it, each call re-encoding the who
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import plait
@@ -147,16 +147,12 @@ def run_hf(data: Data, peers: Peers) -> Run:
     raise Unavailable("transformers generate has no regex constraint (Outlines row)")
 
 
-def head(data: Data, k: int) -> Data:
-    return replace(data, agents=data.agents[:k])
-
-
 WORKLOAD = Workload(
     name="react_agent",
     title="ReAct agent (32 agents x 5 steps of select + regex argument)",
     build=build,
     plait=run_plait,
-    head=head,
+    items=("agents",),
     sample=8,
     peers={OUTLINES: run_outlines, HF: run_hf},
     systems=(PLAIT, NO_RADIX, NO_JUMP),

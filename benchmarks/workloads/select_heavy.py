@@ -8,7 +8,7 @@ logprob, the same rule as plait's default `token_length_normalized`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import plait
@@ -106,16 +106,12 @@ def run_hf(data: Data, peers: Peers) -> Run:
     return peer_run(clock, 0, picks)
 
 
-def head(data: Data, k: int) -> Data:
-    return replace(data, items=data.items[:k])
-
-
 WORKLOAD = Workload(
     name="select_heavy",
     title="Select-heavy (HellaSwag-like, 20-shot prefix, 4-way select)",
     build=build,
     plait=run_plait,
-    head=head,
+    items=("items",),
     sample=16,
     peers={HF: run_hf},
 )

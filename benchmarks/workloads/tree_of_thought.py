@@ -8,7 +8,7 @@ each prompt re-encoded in full.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import plait
@@ -123,16 +123,12 @@ def run_hf(data: Data, peers: Peers) -> Run:
     return peer_run(clock, len(outputs) * data.per_question_tokens, outputs)
 
 
-def head(data: Data, k: int) -> Data:
-    return replace(data, questions=data.questions[:k])
-
-
 WORKLOAD = Workload(
     name="tree_of_thought",
     title="Tree of thought (fork 4 x depth 2, 32 tokens per node)",
     build=build,
     plait=run_plait,
-    head=head,
+    items=("questions",),
     sample=8,
     peers={HF: run_hf},
 )
