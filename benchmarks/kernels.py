@@ -123,9 +123,7 @@ def bench_bitmask(bench: Bench, quick: bool) -> None:
 
                 impls = {
                     "dispatch": impls["dispatch"],
-                    "vectorized only": partial(
-                        apply_token_bitmask_torch, logits, mask, native_sparse=False
-                    ),
+                    "torch generic": partial(apply_token_bitmask_torch, logits, mask, native=False),
                     "xgrammar": partial(xgrammar.apply_token_bitmask_inplace, logits, mask),
                 }
                 ref = "xgrammar"

@@ -6,26 +6,25 @@ means allowed. Logits columns past ``W * 32`` are masked; bits past the logits w
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 import triton
 import triton.language as tl
 
 from ._dispatch import FLOAT_DTYPES, INDEX_DTYPES, check_tensor, choose_impl, num_programs
+from ._native import load_native
 
-try:  # xgrammar's native CPU kernel: the fastest option for mostly-allowed masks
+try:  # xgrammar's CPU kernel: the fallback when the C kernel cannot be built (no compiler)
     from xgrammar.kernels.apply_token_bitmask_inplace_cpu import (
-        apply_token_bitmask_inplace_cpu as _xgrammar_kernel,
+        apply_token_bitmask_inplace_cpu as _xgrammar_cpu,
     )
 except ImportError:  # pragma: no cover - xgrammar is a dependency, but stay usable without
-    _xgrammar_kernel = None  # type: ignore[assignment]
+    _xgrammar_cpu = None  # type: ignore[assignment]
 
-# -inf as raw bits, per dtype (the CPU path writes integers through a same-width view).
-_NEG_INF_BITS = {torch.float32: -8388608, torch.bfloat16: -128, torch.float16: -1024}
-_INT_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
-_NP_INT = {torch.int32: np.int32, torch.int16: np.int16}
+# -inf as raw bits, per dtype (the C kernel writes integers of the element's width).
+_NEG_INF_BITS = {torch.float32: 0xFF800000, torch.bfloat16: 0xFF80, torch.float16: 0xFC00}
 
 
 def apply_token_bitmask(
@@ -100,14 +99,14 @@ def apply_token_bitmask_torch(
     bitmask: torch.Tensor,
     rows: torch.Tensor | None = None,
     *,
-    native_sparse: bool = True,
+    native: bool = True,
 ) -> None:
     """Reference / CPU path. ``rows``: int64 logits (and bitmask) rows to mask, or None = all.
 
-    On CPU, masks where at most a third of the words have a clear bit (mostly-allowed masks)
-    go to xgrammar's native CPU kernel when ``native_sparse`` (~1.5x faster there than the
-    vectorized ``_scatter_sparse``, used otherwise); every other mask takes the vectorized
-    unpack + fill, 2-4x faster than xgrammar's bit loop on mostly-disallowed masks.
+    CPU tensors go to the C kernel ``csrc/bitmask_cpu.c`` when ``native`` and it could be built
+    (it skips all-allowed words with one compare, so mostly-allowed masks cost little), else
+    (no C compiler) to xgrammar's CPU kernel; other devices, tensors that need grad, and
+    ``native=False`` take the vectorized unpack + masked fill of :func:`_apply_generic`.
     """
     vocab, words = logits.shape[1], bitmask.shape[1]
     covered = min(vocab, words * 32)
@@ -118,10 +117,15 @@ def apply_token_bitmask_torch(
             logits[rows, covered:] = float("-inf")
     if covered == 0:
         return
-    if logits.device.type == "cpu" and not logits.requires_grad:
-        _apply_cpu(logits, bitmask, rows, covered, native_sparse=native_sparse)
-    else:
-        _apply_generic(logits, bitmask, rows, covered)
+    on_cpu = logits.device.type == "cpu" and not logits.requires_grad
+    if on_cpu and native:
+        if _apply_native(logits, bitmask, rows, covered):
+            return
+        if _xgrammar_cpu is not None:
+            indices = None if rows is None else rows.tolist()
+            _xgrammar_cpu(logits, bitmask, vocab_size=covered, indices=indices)
+            return
+    _apply_generic(logits, bitmask, rows, covered)
 
 
 def _apply_generic(
@@ -138,111 +142,35 @@ def _apply_generic(
         logits[rows, :covered] = logits[rows, :covered].masked_fill_(disallowed, float("-inf"))
 
 
-def _apply_cpu(
-    logits: torch.Tensor,
-    bitmask: torch.Tensor,
-    rows: torch.Tensor | None,
-    covered: int,
-    *,
-    native_sparse: bool,
-) -> None:
-    """CPU path: sparse scatter when few words have clear bits, else dense unpack + fill."""
-    nw = (covered + 31) // 32
-    bm = bitmask.numpy()
-    rows_np = None if rows is None else rows.numpy()
-    if native_sparse:
-        # Estimate the share of words with a clear bit from every 61st word (cheap, and enough
-        # to pick the faster kernel; both are exact).
-        sample = bm[:, :nw:61] if rows_np is None else bm[rows_np, :nw:61]
-        sparse = 3 * np.count_nonzero(sample != -1) <= sample.size
-        if sparse and _xgrammar_cpu(logits, bitmask, rows, covered):
-            return
-    words = bm[:, :nw] if rows_np is None else bm[rows_np, :nw]
-    if covered % 32:
-        # Bits past the logits width count as allowed: nothing is written there.
-        words = np.array(words)
-        words[:, -1] |= np.int32(np.uint32(0xFFFFFFFF) << np.uint32(covered % 32))
-    words = np.ascontiguousarray(words)
-    flat = words.reshape(-1)
-    nonfull_mask = flat != -1
-    n_nonfull = int(np.count_nonzero(nonfull_mask))
-    if n_nonfull == 0:
-        return
-    if n_nonfull * 3 <= flat.size:
-        _scatter_sparse(logits, flat, np.flatnonzero(nonfull_mask), nw, rows_np)
-    else:
-        mixed = n_nonfull - int(np.count_nonzero(flat == 0))
-        _fill_dense(logits, words, rows, covered, branch_free=2 * mixed > flat.size)
-
-
-def _xgrammar_cpu(
+def _apply_native(
     logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor | None, covered: int
 ) -> bool:
-    """Run xgrammar's native CPU kernel on ``logits[:, :covered]``; False if unavailable."""
-    if _xgrammar_kernel is None:  # pragma: no cover - xgrammar is a dependency
+    """Run the C kernel over ``logits[rows, :covered]``; False when it is unavailable."""
+    lib = load_native("bitmask_cpu")
+    supported = (
+        logits.dtype in _NEG_INF_BITS
+        and (logits.stride(1) == 1 or logits.shape[1] == 1)
+        and bitmask.device.type == "cpu"
+        and bitmask.dtype == torch.int32
+        and (bitmask.stride(1) == 1 or bitmask.shape[1] == 1)
+    )
+    if lib is None or not supported:
         return False
-    indices = None if rows is None else rows.tolist()
-    _xgrammar_kernel(logits, bitmask, vocab_size=covered, indices=indices)
-    return True
-
-
-def _scatter_sparse(
-    logits: torch.Tensor, flat: np.ndarray, nonfull: np.ndarray, nw: int, rows: np.ndarray | None
-) -> None:
-    """Write -inf only at clear bits: the cost grows with the number of words that have any."""
-    stride = logits.stride(0)
-    if rows is None and stride == nw * 32:
-        base = nonfull << 5
-    else:
-        r = nonfull // nw
-        base = (r if rows is None else rows[r]) * stride + (nonfull - r * nw) * 32
-    int_dtype = _INT_VIEW[logits.dtype]
-    raw = logits.view(int_dtype).numpy()
-    span = (logits.shape[0] - 1) * stride + logits.shape[1]
-    out = np.lib.stride_tricks.as_strided(raw, shape=(span,), strides=(raw.itemsize,))
-    value = _NP_INT[int_dtype](_NEG_INF_BITS[logits.dtype])
-    cleared = ~flat[nonfull]
-    for _ in range(2):
-        # Lowest clear bit of every word at once: the float32 exponent of the isolated bit.
-        low = cleared & -cleared
-        out[base + (((low.astype(np.float32).view(np.int32) >> 23) & 255) - 127)] = value
-        cleared ^= low
-        left = np.flatnonzero(cleared != 0)
-        if left.size == 0:
-            return
-        cleared, base = cleared[left], base[left]
-    hit = np.flatnonzero(np.unpackbits(cleared.view(np.uint8), bitorder="little").view(np.bool_))
-    out[base[hit >> 5] + (hit & 31)] = value
-
-
-def _fill_dense(
-    logits: torch.Tensor,
-    words: np.ndarray,
-    rows: torch.Tensor | None,
-    covered: int,
-    *,
-    branch_free: bool,
-) -> None:
-    """Unpack every bit; fill with a predicated where, or a branch-free bit blend when the
-    allowed/disallowed pattern is too mixed for branch prediction."""
-    dis = np.unpackbits((~words).view(np.uint8), axis=-1, bitorder="little")[:, :covered]
-    target = logits[:, :covered] if rows is None else logits[rows, :covered]
-    if branch_free:
-        # raw = (raw & ~sel) | (NEG_INF & sel), with sel all-ones where disallowed; in place.
-        int_dtype = _INT_VIEW[logits.dtype]
-        raw = target.view(int_dtype).numpy()
-        sel = dis.astype(raw.dtype)
-        np.negative(sel, out=sel)
-        np.invert(sel, out=sel)
-        raw &= sel
-        np.invert(sel, out=sel)
-        sel &= _NEG_INF_BITS[logits.dtype]
-        raw |= sel
-    else:
-        neg = torch.tensor(float("-inf"), dtype=logits.dtype)
-        torch.where(torch.from_numpy(dis).view(torch.bool), neg, target, out=target)
+    wide = logits.element_size() == 4
+    fn = lib.plait_mask_b32 if wide else lib.plait_mask_b16
     if rows is not None:
-        logits[rows, :covered] = target
+        rows = rows.to(device="cpu", dtype=torch.int64).contiguous()
+    fn(
+        ctypes.c_void_p(logits.data_ptr()),
+        ctypes.c_int64(logits.stride(0)),
+        ctypes.c_void_p(bitmask.data_ptr()),
+        ctypes.c_int64(bitmask.stride(0)),
+        ctypes.c_void_p(None if rows is None else rows.data_ptr()),
+        ctypes.c_int64(logits.shape[0] if rows is None else rows.numel()),
+        ctypes.c_int64(covered),
+        (ctypes.c_uint32 if wide else ctypes.c_uint16)(_NEG_INF_BITS[logits.dtype]),
+    )
+    return True
 
 
 # ---------------------------------------------------------------------------------------------

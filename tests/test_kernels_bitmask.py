@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 import xgrammar
 
 from plait.kernels import apply_token_bitmask
+from plait.kernels import bitmask as bitmask_module
+from plait.kernels._native import CSRC, build_library, load_native
 from plait.kernels.bitmask import (
     _apply_generic,
     apply_token_bitmask_torch,
@@ -81,9 +85,9 @@ def test_triton_indices_and_ragged_widths(dtype: torch.dtype) -> None:
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("frac", [0.0, 0.001, 0.01, 0.3, 0.5, 0.9, 0.99, 1.0])
 @pytest.mark.parametrize("structured", [False, True])
-@pytest.mark.parametrize("native_sparse", [True, False])
+@pytest.mark.parametrize("native", [True, False])
 def test_torch_matches_xgrammar(
-    dtype: torch.dtype, frac: float, structured: bool, native_sparse: bool
+    dtype: torch.dtype, frac: float, structured: bool, native: bool
 ) -> None:
     vocab = 128256
     _, bitmask = random_mask(16, vocab // 32, frac, seed=int(frac * 1000), structured=structured)
@@ -91,21 +95,55 @@ def test_torch_matches_xgrammar(
     for rows in (None, [0, 7, 15]):
         a, ref = logits.clone(), logits.clone()
         idx = None if rows is None else torch.tensor(rows)
-        apply_token_bitmask_torch(a, bitmask, idx, native_sparse=native_sparse)
+        apply_token_bitmask_torch(a, bitmask, idx, native=native)
         xgrammar.apply_token_bitmask_inplace(ref, bitmask, indices=rows)
         assert torch.equal(a, ref)
 
 
-def test_torch_sparse_scatter_ragged_and_strided() -> None:
-    # The vectorized sparse scatter (xgrammar's kernel disabled) on awkward layouts.
-    for vocab, words in [(1000, 30), (1000, 40), (999, 32)]:
-        allowed, bitmask = random_mask(5, words, 0.995, seed=vocab + words)
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("frac", [0.0, 0.3, 0.995, 1.0])
+def test_torch_ragged_and_strided(native: bool, frac: float) -> None:
+    # Logits narrower/wider than the mask (a partial tail word), strided rows, row subsets.
+    for vocab, words in [(1000, 30), (1000, 40), (999, 32), (31, 1)]:
+        allowed, bitmask = random_mask(5, words, frac, seed=vocab + words)
         base = torch.randn(5, vocab + 24)
         for rows in (None, [3, 0]):
             view = base.clone()[:, :vocab]
             idx = None if rows is None else torch.tensor(rows)
-            apply_token_bitmask_torch(view, bitmask, idx, native_sparse=False)
+            apply_token_bitmask_torch(view, bitmask, idx, native=native)
             assert torch.equal(view, expected(base[:, :vocab], allowed, rows)), (vocab, words)
+
+
+def test_without_a_compiler_xgrammar_kernel_is_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bitmask_module, "load_native", lambda name: None)
+    calls: list[int] = []
+    real = bitmask_module._xgrammar_cpu
+    monkeypatch.setattr(
+        bitmask_module, "_xgrammar_cpu", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
+    allowed, bitmask = random_mask(3, 40, 0.9, seed=5)
+    base = torch.randn(3, 1270)
+    for rows in (None, [2, 0]):
+        out = base.clone()
+        apply_token_bitmask(out, bitmask, indices=rows)
+        assert torch.equal(out, expected(base, allowed, rows))
+    assert len(calls) == 2
+
+
+def test_native_kernel_builds_once_and_reports_failures(tmp_path: Path) -> None:
+    assert load_native("bitmask_cpu") is not None  # the CPU path really runs the C kernel here
+    source = CSRC / "bitmask_cpu.c"
+    first = build_library(source, cc="cc", out_dir=tmp_path)
+    stamp = first.stat().st_mtime_ns
+    assert build_library(source, cc="cc", out_dir=tmp_path) == first  # reused, not rebuilt
+    assert first.stat().st_mtime_ns == stamp
+    assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no temporary files left
+    with pytest.raises(RuntimeError, match="no-such-compiler"):
+        build_library(source, cc="no-such-compiler", out_dir=tmp_path / "x")
+    broken = tmp_path / "broken.c"
+    broken.write_text("int f( {")
+    with pytest.raises(RuntimeError, match="failed"):
+        build_library(broken, cc="cc", out_dir=tmp_path)
 
 
 def test_torch_strided_logits_and_generic_path() -> None:

@@ -1,0 +1,76 @@
+"""Small C kernels for the CPU path, compiled at first use and called through ctypes.
+
+The sources live in ``kernels/csrc``. Each is built once per machine with the system C compiler
+(``$CC``, else ``cc``; Triton needs one too) into ``$PLAIT_CACHE_DIR`` (default
+``~/.cache/plait``), named by a hash of the source and flags so an edit rebuilds it. Builds write
+a temporary file and rename it, so processes starting together do not see half-written files.
+When no compiler works, :func:`load_native` warns once and returns None and callers take their
+torch path instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import subprocess
+import tempfile
+import warnings
+from pathlib import Path
+
+CSRC = Path(__file__).resolve().parent / "csrc"
+CFLAGS = ("-O3", "-shared", "-fPIC", "-std=c99")
+
+
+def cache_dir() -> Path:
+    """Where built libraries are kept."""
+    root = os.environ.get("PLAIT_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "plait"
+    )
+    return Path(root) / "native"
+
+
+def build_library(source: Path, *, cc: str, out_dir: Path) -> Path:
+    """Compile ``source`` into a shared library under ``out_dir`` (reused when already built).
+
+    Raises RuntimeError with the compiler's message when the build fails.
+    """
+    text = source.read_bytes()
+    key = hashlib.sha256(text + " ".join((cc, *CFLAGS)).encode()).hexdigest()[:16]
+    target = out_dir / f"{source.stem}-{key}-{platform.machine()}.so"
+    if target.exists():
+        return target
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
+    os.close(fd)
+    try:
+        cmd = [cc, *CFLAGS, "-o", tmp, str(source)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed: {proc.stderr.strip()[:2000]}")
+        os.replace(tmp, target)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise RuntimeError(f"cannot compile {source.name} with {cc!r}: {e}") from e
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+@functools.cache
+def load_native(name: str) -> ctypes.CDLL | None:
+    """The library built from ``csrc/<name>.c``, or None (with one warning) if it cannot be."""
+    try:
+        path = build_library(
+            CSRC / f"{name}.c", cc=os.environ.get("CC") or "cc", out_dir=cache_dir()
+        )
+        return ctypes.CDLL(str(path))
+    except (RuntimeError, OSError) as e:
+        warnings.warn(
+            f"plait: native CPU kernel {name!r} unavailable, using the torch path: {e}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return None
