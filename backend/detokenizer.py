@@ -2,9 +2,9 @@
 
 A byte-level BPE token may hold part of a multi-byte character; decoding it alone gives
 U+FFFD. Each request keeps a small window of ids (prefix_offset..read_offset) and emits new
-text only once it no longer ends in a partial character. With stop strings, the last
-`max(len(stop)) - 1` characters are held back until the request ends, so a stop string is
-never streamed and then retracted.
+text only once it no longer ends in a partial character. With stop strings or regexes, the
+last characters in which a stop could begin (`hold_back_chars`) are held back until the request
+ends, so a stop is never streamed and then retracted.
 """
 
 from __future__ import annotations
@@ -12,9 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from plait.backend.messages import ReqOutput, ReqStrOut
+from plait.backend.messages import DetokOptions, ReqOutput, ReqStrOut
+from plait.backend.stop_conditions import first_stop, hold_back_chars
 
 REPLACEMENT = "\ufffd"
+DEFAULT_OPTIONS = DetokOptions(skip_special_tokens=True, stop=())
 DecodeFn = Callable[[list[int], bool], str]
 
 
@@ -35,7 +37,7 @@ class Detokenizer:
     def __init__(self, *, decode: DecodeFn) -> None:
         self.decode = decode
         self.states: dict[str, DecodeState] = {}
-        self.options: dict[str, tuple[bool, tuple[str, ...]]] = {}
+        self.options: dict[str, tuple[DetokOptions, int]] = {}  # with its hold-back
 
     def process(self, outputs: list[ReqOutput]) -> list[ReqStrOut]:
         return [ReqStrOut(out=o, text_delta=self.step(o)) for o in outputs]
@@ -44,8 +46,9 @@ class Detokenizer:
         """Text newly available for `out.rid` (all remaining text when it finishes)."""
         if out.detok_options is not None:
             opts = out.detok_options
-            self.options[out.rid] = (opts.skip_special_tokens, opts.stop)
-        skip, stop = self.options.get(out.rid, (True, ()))
+            self.options[out.rid] = (opts, hold_back_chars(opts.stop, opts.stop_regex))
+        opts, hold = self.options.get(out.rid, (DEFAULT_OPTIONS, 0))
+        skip = opts.skip_special_tokens
         state = self.states.setdefault(out.rid, DecodeState())
         if out.rollback:
             self._rollback(state, out.rollback, skip)
@@ -54,9 +57,9 @@ class Detokenizer:
         if out.finish is not None:
             del self.states[out.rid]
             self.options.pop(out.rid, None)
-            text = _trim_stop(state.text, out.finish.matched, stop)
+            text = _trim_stop(state.text, out.finish.matched, opts)
             return text[state.emitted :]
-        visible = len(state.text) - (max(map(len, stop)) - 1 if stop else 0)
+        visible = len(state.text) - hold
         delta = state.text[state.emitted : max(visible, state.emitted)]
         state.emitted += len(delta)
         return delta
@@ -85,9 +88,12 @@ class Detokenizer:
         self.options.pop(rid, None)
 
 
-def _trim_stop(text: str, matched: int | str | None, stops: tuple[str, ...]) -> str:
-    """Cut the text at the first stop string it contains (the stop string excluded)."""
+def _trim_stop(text: str, matched: int | str | None, opts: DetokOptions) -> str:
+    """Cut the text at its first stop string or regex match: before it, or after it with
+    `no_stop_trim` (text generated past the match within the last token is dropped)."""
     if not isinstance(matched, str):
         return text
-    cuts = [text.find(s) for s in stops if s in text]
-    return text[: min(cuts)] if cuts else text
+    hit = first_stop(text, opts.stop, opts.stop_regex)
+    if hit is None:
+        return text
+    return text[: hit.end if opts.no_stop_trim else hit.start]

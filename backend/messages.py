@@ -75,6 +75,8 @@ class ReqOutput:
 class DetokOptions:
     skip_special_tokens: bool
     stop: tuple[str, ...]
+    stop_regex: tuple[str, ...] = ()
+    no_stop_trim: bool = False
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ import torch
 
 from plait.backend.messages import DetokOptions, ReqOutput
 from plait.backend.req import Req
+from plait.backend.stop_conditions import window_chars
 
 STOP_TAIL_EXTRA_TOKENS = 4
 
@@ -60,10 +61,13 @@ class OutputBuilder:
     # --- stop strings -----------------------------------------------------------------
     def tail_text(self, req: Req) -> str | None:
         """Text of the last few output tokens, enough to contain any stop string."""
-        if not req.params.stop:
+        params = req.params
+        if not (params.stop or params.stop_regex):
             return None
-        n = max(len(s) for s in req.params.stop) + STOP_TAIL_EXTRA_TOKENS
-        return self.decode(req.output_ids[-n:])
+        chars = window_chars(params.stop, params.stop_regex)
+        if chars is None:  # an unbounded regex: the whole output
+            return self.decode(req.output_ids)
+        return self.decode(req.output_ids[-(chars + STOP_TAIL_EXTRA_TOKENS) :])
 
     # --- emission ---------------------------------------------------------------------
     def emit(self, req: Req) -> ReqOutput:
@@ -86,7 +90,10 @@ class OutputBuilder:
             detok_options=None
             if req.emitted
             else DetokOptions(
-                skip_special_tokens=req.params.skip_special_tokens, stop=req.params.stop
+                skip_special_tokens=req.params.skip_special_tokens,
+                stop=req.params.stop,
+                stop_regex=req.params.stop_regex,
+                no_stop_trim=req.params.no_stop_trim,
             ),
         )
         req.emitted = True

@@ -9,13 +9,15 @@ import torch
 
 from plait.backend.radix_cache import TreeNode
 from plait.backend.sampling_params import SamplingParams
+from plait.backend.stop_conditions import first_stop
 
 FinishKind = Literal["stop", "length", "abort", "error"]
 
 
 @dataclass(frozen=True)
 class FinishReason:
-    """Why a request ended: `matched` is the stop token id or stop string, if any."""
+    """Why a request ended: `matched` is the stop token id, the stop string or the text a stop
+    regex matched, if any."""
 
     kind: FinishKind
     matched: int | str | None = None
@@ -146,16 +148,13 @@ class Req:
         grammar_done = self.grammar is not None and self.grammar.is_terminated()
         if grammar_done or last in self.eos_ids or last in self.params.stop_token_ids:
             self.finish(FinishReason("stop", last))
-        elif tail_text is not None and (hit := _first_stop(tail_text, self.params.stop)):
-            self.finish(FinishReason("stop", hit))
+        elif tail_text is not None and (
+            hit := first_stop(tail_text, self.params.stop, self.params.stop_regex)
+        ):
+            self.finish(FinishReason("stop", hit.matched(tail_text)))
         elif len(self.output_ids) >= self.params.max_new_tokens or self.seq_len >= context_len:
             self.finish(FinishReason("length"))
 
     def __repr__(self) -> str:
         out = len(self.output_ids)
         return f"Req({self.rid!r}, prompt={self.prompt_len}, out={out}, kv={self.kv_len})"
-
-
-def _first_stop(text: str, stops: tuple[str, ...]) -> str | None:
-    found = [(text.find(s), s) for s in stops if s in text]
-    return min(found)[1] if found else None

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from plait.backend.stop_conditions import check_stop_regexes
+
 GREEDY_EPS = 1e-6
 MAX_TOP_LOGPROBS = 20
 CONSTRAINT_FIELDS = ("json_schema", "regex", "ebnf", "choices", "json_object")
@@ -20,7 +22,9 @@ class SamplingParams:
 
     `temperature=0` is greedy. `top_k <= 0` disables top-k. `n > 1` draws parallel samples
     that share the prompt's KV cache. At most one constraint (`json_schema`, `regex`, `ebnf`,
-    `choices`, `json_object`) may be set.
+    `choices`, `json_object`) may be set. Generation stops at the first `stop` string or
+    `stop_regex` match (`re.search` on the output text), which is cut from the text unless
+    `no_stop_trim`.
     """
 
     max_new_tokens: int = 128
@@ -35,6 +39,8 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
+    stop_regex: tuple[str, ...] = ()
+    no_stop_trim: bool = False
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     seed: int | None = None
@@ -81,8 +87,9 @@ class SamplingParams:
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"sampling_params: unknown field(s) {unknown}")
-        if isinstance(data.get("stop"), str):
-            data["stop"] = [data["stop"]]
+        for name in ("stop", "stop_regex"):
+            if isinstance(data.get(name), str):
+                data[name] = [data[name]]
         schema = data.get("json_schema")
         if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
             schema = schema.model_json_schema()  # a pydantic model class
@@ -90,7 +97,7 @@ class SamplingParams:
             data["json_schema"] = json.dumps(schema)
         if data.get("logit_bias") is not None:
             data["logit_bias"] = _bias_pairs(data["logit_bias"])
-        for name in ("stop", "stop_token_ids", "choices"):
+        for name in ("stop", "stop_token_ids", "stop_regex", "choices"):
             if data.get(name) is not None:
                 if not isinstance(data[name], (list, tuple)):
                     raise ValueError(f"sampling_params.{name} must be a list")
@@ -141,6 +148,10 @@ class SamplingParams:
             raise ValueError(f"sampling_params: at most one constraint, got {constraints}")
         if self.choices is not None and not self.choices:
             raise ValueError("sampling_params: choices must not be empty")
+        try:
+            check_stop_regexes(self.stop_regex)
+        except ValueError as e:
+            raise ValueError(f"sampling_params.{e}") from None
 
     def replace(self, **changes: Any) -> SamplingParams:
         return dataclasses.replace(self, **changes)
@@ -188,7 +199,7 @@ _TYPE_CHECKS: Mapping[str, Callable[[Any], bool]] = MappingProxyType(
 
 
 def _field_kind(name: str, default: Any) -> str:
-    if name in ("stop", "choices"):
+    if name in ("stop", "stop_regex", "choices"):
         return "strs"
     if name == "stop_token_ids":
         return "ints"

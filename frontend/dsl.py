@@ -35,6 +35,7 @@ def gen(
     min_tokens: int | None = None,
     stop: str | Sequence[str] | None = None,
     stop_token_ids: Sequence[int] | None = None,
+    stop_regex: str | Sequence[str] | None = None,
     temperature: float | None = None,
     top_p: float | None = None,
     top_k: int | None = None,
@@ -60,8 +61,9 @@ def gen(
     """
     args = dict(locals())
     params = {_RENAMES.get(k, k): v for k, v in args.items() if _is_sampling(k) and v is not None}
-    if stop is not None:
-        params["stop"] = [stop] if isinstance(stop, str) else list(stop)
+    for key, value in (("stop", stop), ("stop_regex", stop_regex)):
+        if value is not None:
+            params[key] = [value] if isinstance(value, str) else list(value)
     if choices is not None:
         params["choices"] = list(choices)
     if return_logprobs:
@@ -80,7 +82,15 @@ def gen(
 
 
 def _is_sampling(key: str) -> bool:
-    return key not in ("name", "json_schema", "dtype", "return_logprobs", "top_logprobs", "stop")
+    return key not in (
+        "name",
+        "json_schema",
+        "dtype",
+        "return_logprobs",
+        "top_logprobs",
+        "stop",
+        "stop_regex",
+    )
 
 
 def schema_text(schema: Any) -> tuple[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -86,6 +87,24 @@ def test_stop_strings_token_ids_and_min_tokens(engine: Engine) -> None:
     assert stopped["finish_reason"] == {"type": "stop", "matched": tok}
     late = engine.generate("Stops", greedy(30, stop_token_ids=[tok], min_new_tokens=first + 2))
     assert tok not in late["output_ids"][: first + 2]
+
+
+def test_stop_regex_and_no_stop_trim(engine: Engine) -> None:
+    text = engine.generate("Stops", greedy(30, ignore_eos=True))["text"]
+    pattern = re.escape(text[6]) + "." + re.escape(text[8])  # matches at 6 (or earlier)
+    m = re.search(pattern, text)
+    assert m is not None
+    cut = engine.generate("Stops", greedy(30, ignore_eos=True, stop_regex=pattern))
+    assert cut["text"] == text[: m.start()]
+    assert cut["finish_reason"] == {"type": "stop", "matched": m.group()}
+    kept = engine.generate(
+        "Stops", greedy(30, ignore_eos=True, stop_regex=[pattern], no_stop_trim=True)
+    )
+    assert kept["text"] == text[: m.end()]
+    parts = engine.generate("Stops", greedy(30, ignore_eos=True, stop_regex=pattern), stream=True)
+    assert "".join(p["text"] for p in parts) == cut["text"]
+    with pytest.raises(GenerationError, match=r"stop_regex\[0\] is not a valid"):
+        engine.generate("Stops", greedy(3, stop_regex="(unclosed"))
 
 
 def test_n_samples_share_the_prompt_and_seeds_reproduce(engine: Engine) -> None:

@@ -109,6 +109,7 @@ def branching(s):  # type: ignore[no-untyped-def]
 @plait.program
 def stopping(s):  # type: ignore[no-untyped-def]
     s += "List: " + plait.gen("items", max_tokens=40, stop=["e"], min_tokens=0)
+    s += " Then: " + plait.gen("more", max_tokens=40, stop_regex=r"[aeiou]{2}|\d")
 
 
 @plait.program
@@ -208,6 +209,9 @@ def test_reading_a_variable_mid_program(backend: Backend) -> None:
 def test_stop_string_trims(backend: Backend) -> None:
     state = stopping.run(backend=backend, temperature=1.0, seed=9)
     assert "e" not in state["items"]
+    assert re.search(r"[aeiou]{2}|\d", state["more"]) is None
+    assert state.meta("more")["finish_reason"]["type"] == "stop"  # the regex ended it
+    assert state.text().endswith(" Then: " + state["more"])
 
 
 def test_errors_name_the_program_line(backend: Backend) -> None:

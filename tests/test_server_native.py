@@ -118,8 +118,10 @@ def test_generate_errors_name_the_field(url: str) -> None:
     assert r.status_code == 400 and "bogus" in error_message(r)
     r = generate(url, input_ids=[1] * 5000, sampling_params=greedy(1))
     assert r.status_code == 400 and "input_ids" in error_message(r)
-    r = generate(url, text="x", sampling_params={"stop_regex": "a+"})
+    r = generate(url, text="x", sampling_params={"stop_regex": "a+("})
     assert r.status_code == 400 and "stop_regex" in error_message(r)
+    r = generate(url, text="x", sampling_params={"structural_tag": "{}"})
+    assert r.status_code == 400 and "structural_tag" in error_message(r)
 
 
 def test_metrics_exposition(url: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import httpx
@@ -76,6 +77,17 @@ def test_n_seed_and_stop(client: openai.OpenAI) -> None:
         )
         assert cut.choices[0].finish_reason == "stop"
         assert cut.choices[0].text == text[: text.find(stop)]
+    pattern = re.escape(text[3]) + "."
+    regex_cut = client.completions.create(
+        model=MODEL,
+        prompt="abc",
+        max_tokens=16,
+        temperature=0,
+        extra_body={"ignore_eos": True, "stop_regex": pattern, "no_stop_trim": True},
+    )
+    end = re.search(pattern, text)
+    assert end is not None and regex_cut.choices[0].finish_reason == "stop"
+    assert regex_cut.choices[0].text == text[: end.end()]
 
 
 def test_logit_bias_forces_and_bans_tokens(client: openai.OpenAI, plait_server: Runtime) -> None:

@@ -112,6 +112,8 @@ def sampling_fields(req: OpenAISampling, max_tokens: int) -> dict[str, Any]:
         "ignore_eos": req.ignore_eos,
         "skip_special_tokens": req.skip_special_tokens,
         "stop_token_ids": req.stop_token_ids,
+        "stop_regex": [req.stop_regex] if isinstance(req.stop_regex, str) else req.stop_regex,
+        "no_stop_trim": req.no_stop_trim,
         "regex": req.regex,
         "ebnf": req.ebnf,
     }

@@ -102,6 +102,8 @@ class OpenAISampling(BaseModel):
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     stop_token_ids: list[int] | None = None
+    stop_regex: str | list[str] | None = None
+    no_stop_trim: bool = False
     regex: str | None = None
     ebnf: str | None = None
 

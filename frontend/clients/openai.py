@@ -22,7 +22,7 @@ from plait.clients.base import Backend, ChoiceLogprobs, GenOutput, OnText, Unsup
 from plait.clients.http import HttpError
 
 TURN = re.compile(r"<\|im_start\|>(system|user|assistant)\n(.*?)(<\|im_end\|>\n|$)", re.S)
-UNSUPPORTED = {"regex": "a regex", "ebnf": "an EBNF grammar"}
+UNSUPPORTED = {"regex": "a regex", "ebnf": "an EBNF grammar", "stop_regex": "a stop regex"}
 OPENAI_NAMES = {
     "max_new_tokens": "max_tokens",
     "temperature": "temperature",

@@ -1,0 +1,101 @@
+"""Stop strings and stop regexes: matching, window sizes, streaming hold-back and trimming."""
+
+from __future__ import annotations
+
+import pytest
+
+from plait.backend.detokenizer import Detokenizer
+from plait.backend.messages import DetokOptions, ReqOutput
+from plait.backend.req import FinishReason
+from plait.backend.sampling_params import SamplingParams
+from plait.backend.stop_conditions import (
+    UNBOUNDED_HOLD_CHARS,
+    StopMatch,
+    first_stop,
+    hold_back_chars,
+    regex_width,
+    window_chars,
+)
+
+
+def test_first_stop_is_the_earliest_and_longest_on_ties() -> None:
+    text = "order 66 at 10:45, then 12:00"
+    assert first_stop(text, ("then",), (r"\d\d:\d\d",)) == StopMatch(12, 17)
+    assert first_stop(text, ("66 at", "66"), ()) == StopMatch(6, 11)
+    assert first_stop(text, ("zz",), (r"q+",)) is None
+    assert first_stop(text, (), (r"\d+",)).matched(text) == "66"  # type: ignore[union-attr]
+
+
+def test_windows_follow_the_longest_possible_match() -> None:
+    assert regex_width(r"ab[0-9]{2}") == 4
+    assert regex_width(r"(yes|no)\.") == 4
+    assert regex_width(r"\d+") is None
+    assert window_chars(("stop",), (r"x\d",)) == 4
+    assert window_chars(("stop",), (r"x\d*",)) is None  # unbounded: the whole output
+    assert window_chars((), ()) == 0
+    assert hold_back_chars(("abc",), ()) == 2
+    assert hold_back_chars(("abc",), (r"[0-9]{5}",)) == 4
+    assert hold_back_chars((), (r"\d+",)) == UNBOUNDED_HOLD_CHARS - 1
+    assert hold_back_chars((), ()) == 0
+
+
+@pytest.mark.parametrize(
+    ("patterns", "message"),
+    [
+        (["ok", "("], r"stop_regex\[1\] is not a valid regular expression"),
+        (["a*"], r"stop_regex\[0\] 'a\*' matches the empty string"),
+    ],
+)
+def test_bad_stop_regexes_are_named(patterns: list[str], message: str) -> None:
+    params = SamplingParams.from_dict({"stop_regex": patterns})
+    with pytest.raises(ValueError, match=message):
+        params.validate(vocab_size=100)
+
+
+def test_stop_regex_accepts_a_string_or_a_list() -> None:
+    assert SamplingParams.from_dict({"stop_regex": r"\d"}).stop_regex == (r"\d",)
+    assert SamplingParams.from_dict({"stop_regex": ["a", "b"]}).stop_regex == ("a", "b")
+    with pytest.raises(ValueError, match="stop_regex"):
+        SamplingParams.from_dict({"stop_regex": 3})
+
+
+def stream(text: str, opts: DetokOptions, *, matched: str | None) -> tuple[list[str], str]:
+    """Feed `text` one character (= one id) at a time; the last output finishes the request."""
+    detok = Detokenizer(decode=lambda ids, skip: "".join(map(chr, ids)))
+    deltas = []
+    for i, ch in enumerate(text):
+        last = i == len(text) - 1
+        out = ReqOutput(
+            rid="r",
+            new_ids=[ord(ch)],
+            finish=FinishReason("stop", matched) if last else None,
+            prompt_tokens=1,
+            completion_tokens=i + 1,
+            cached_tokens=0,
+            detok_options=opts if i == 0 else None,
+        )
+        deltas.append(detok.step(out))
+    return deltas, "".join(deltas)
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_streaming_never_sends_a_stop_and_the_end_is_cut_at_it(keep: bool) -> None:
+    text = "total: 1234 units"
+    opts = DetokOptions(
+        skip_special_tokens=True, stop=(), stop_regex=(r"\d{4}",), no_stop_trim=keep
+    )
+    deltas, joined = stream(text[:11], opts, matched="1234")
+    assert joined == ("total: 1234" if keep else "total: ")
+    # Nothing of the match went out before the request finished.
+    assert "1" not in "".join(deltas[:-1])
+    opts = DetokOptions(skip_special_tokens=True, stop=("un",), no_stop_trim=keep)
+    _, joined = stream(text[:14], opts, matched="un")
+    assert joined == ("total: 1234 un" if keep else "total: 1234 ")
+
+
+def test_unbounded_pattern_holds_back_a_fixed_window() -> None:
+    text = "x" * 300 + "123"
+    opts = DetokOptions(skip_special_tokens=True, stop=(), stop_regex=(r"\d+",))
+    deltas, joined = stream(text, opts, matched="123")
+    assert joined == "x" * 300
+    assert len("".join(deltas[:-1])) == len(text) - 1 - (UNBOUNDED_HOLD_CHARS - 1)
