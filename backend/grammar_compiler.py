@@ -23,6 +23,11 @@ from plait.backend.regex_fsm import RegexFSM
 from plait.backend.sampling_params import SamplingParams
 from plait.backend.schema_rewrite import rewrite_schema
 from plait.backend.schema_warnings import SchemaGap, gap_warnings, schema_gaps
+from plait.backend.structural_tag import (
+    StructuralTagError,
+    expand_json_schemas,
+    normalize_structural_tag,
+)
 
 # Whitespace between JSON tokens when any_whitespace is on: enough for indented output,
 # too little for a model to flood the output with spaces.
@@ -78,6 +83,12 @@ def grammar_key(params: SamplingParams) -> GrammarKey:
         return GrammarKey(kind, JSON_OBJECT_SCHEMA, params.any_whitespace, strict_mode=False)
     if kind == "choices":
         return GrammarKey(kind, json.dumps(list(value), ensure_ascii=False))
+    if kind == "structural_tag":
+        try:
+            text = normalize_structural_tag(value)
+        except StructuralTagError as exc:
+            raise GrammarError(str(exc)) from exc
+        return GrammarKey(kind, text, params.any_whitespace, params.strict_mode)
     return GrammarKey(kind, str(value) if kind == "regex" else str(value).strip())
 
 
@@ -136,24 +147,39 @@ def _compile(
         return compiler.compile_grammar(choices_ebnf(json.loads(key.text))), None, ()
     if key.kind == "ebnf":
         return compiler.compile_grammar(key.text), None, ()
+    if key.kind == "structural_tag":
+        text, warnings = expand_json_schemas(key.text, lambda schema: _section_ebnf(key, schema))
+        return compiler.compile_structural_tag(text), None, warnings
     raise GrammarError(f"unknown constraint kind {key.kind!r}")
 
 
 def _compile_json(
     compiler: xgr.GrammarCompiler, key: GrammarKey
 ) -> tuple[xgr.CompiledGrammar, None, tuple[str, ...]]:
+    grammar, warnings = _json_grammar(key)
+    return compiler.compile_grammar(grammar), None, warnings
+
+
+def _section_ebnf(key: GrammarKey, schema: Any) -> tuple[str, tuple[str, ...]]:
+    """EBNF of one JSON section of a structural tag, with the tag request's JSON options."""
+    text = json.dumps(schema, separators=COMPACT_SEPARATORS, ensure_ascii=False)
+    grammar, warnings = _json_grammar(dataclasses.replace(key, kind="json_schema", text=text))
+    return str(grammar), warnings
+
+
+def _json_grammar(key: GrammarKey) -> tuple[xgr.Grammar, tuple[str, ...]]:
     """strict_mode forbids properties and items the schema does not list; when that leaves
-    a schema unsatisfiable (e.g. minProperties above the listed properties), compile it
+    a schema unsatisfiable (e.g. minProperties above the listed properties), build it
     without strict mode and say so."""
     try:
         grammar, gaps = json_schema_grammar(key)
-        return compiler.compile_grammar(grammar), None, gap_warnings(gaps)
+        return grammar, gap_warnings(gaps)
     except RuntimeError as exc:
         if not key.strict_mode:
             raise
         note = f"strict_mode was turned off for this schema ({clean_error(exc)})"
     grammar, gaps = json_schema_grammar(dataclasses.replace(key, strict_mode=False))
-    return compiler.compile_grammar(grammar), None, (note, *gap_warnings(gaps))
+    return grammar, (note, *gap_warnings(gaps))
 
 
 def clean_error(exc: BaseException) -> str:

@@ -13,7 +13,7 @@ from plait.backend.stop_conditions import check_stop_regexes
 
 GREEDY_EPS = 1e-6
 MAX_TOP_LOGPROBS = 20
-CONSTRAINT_FIELDS = ("json_schema", "regex", "ebnf", "choices", "json_object")
+CONSTRAINT_FIELDS = ("json_schema", "regex", "ebnf", "choices", "json_object", "structural_tag")
 
 
 @dataclass(frozen=True)
@@ -22,9 +22,9 @@ class SamplingParams:
 
     `temperature=0` is greedy. `top_k <= 0` disables top-k. `n > 1` draws parallel samples
     that share the prompt's KV cache. At most one constraint (`json_schema`, `regex`, `ebnf`,
-    `choices`, `json_object`) may be set. Generation stops at the first `stop` string or
-    `stop_regex` match (`re.search` on the output text), which is cut from the text unless
-    `no_stop_trim`.
+    `choices`, `json_object`, `structural_tag`) may be set. Generation stops at the first
+    `stop` string or `stop_regex` match (`re.search` on the output text), which is cut from the
+    text unless `no_stop_trim`.
     """
 
     max_new_tokens: int = 128
@@ -53,6 +53,7 @@ class SamplingParams:
     ebnf: str | None = None
     choices: tuple[str, ...] | None = None
     json_object: bool = False
+    structural_tag: str | None = None
     any_whitespace: bool = False
     strict_mode: bool = True
     jump_forward: bool = True
@@ -95,6 +96,8 @@ class SamplingParams:
             schema = schema.model_json_schema()  # a pydantic model class
         if isinstance(schema, dict):
             data["json_schema"] = json.dumps(schema)
+        if isinstance(data.get("structural_tag"), dict):
+            data["structural_tag"] = json.dumps(data["structural_tag"])
         if data.get("logit_bias") is not None:
             data["logit_bias"] = _bias_pairs(data["logit_bias"])
         for name in ("stop", "stop_token_ids", "stop_regex", "choices"):

@@ -50,6 +50,7 @@ def gen(
     json_schema: Any = None,
     ebnf: str | None = None,
     choices: Sequence[str] | None = None,
+    structural_tag: dict[str, Any] | str | None = None,
     dtype: Any = None,
     return_logprobs: bool = False,
     top_logprobs: int | None = None,
@@ -57,7 +58,8 @@ def gen(
     """Generate text into variable `name` (None: append without naming it).
 
     At most one constraint: `regex`, `json_schema` (dict, JSON string or pydantic model
-    class), `ebnf`, `choices`, or `dtype` (int, float, bool, str: parsed into that type).
+    class), `ebnf`, `choices`, `structural_tag` (tagged sections, e.g. tool calls), or `dtype`
+    (int, float, bool, str: parsed into that type).
     """
     args = dict(locals())
     params = {_RENAMES.get(k, k): v for k, v in args.items() if _is_sampling(k) and v is not None}

@@ -121,7 +121,9 @@ def test_generate_errors_name_the_field(url: str) -> None:
     r = generate(url, text="x", sampling_params={"stop_regex": "a+("})
     assert r.status_code == 400 and "stop_regex" in error_message(r)
     r = generate(url, text="x", sampling_params={"structural_tag": "{}"})
-    assert r.status_code == 400 and "structural_tag" in error_message(r)
+    assert r.status_code == 400 and "structural_tag needs a 'format'" in error_message(r)
+    r = generate(url, text="x", sampling_params={"custom_params": {"a": 1}})
+    assert r.status_code == 400 and "custom_params" in error_message(r)
 
 
 def test_metrics_exposition(url: str) -> None:

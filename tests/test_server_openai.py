@@ -168,6 +168,33 @@ def test_response_format_is_constrained_or_clearly_unavailable(
         assert isinstance(json.loads(out.choices[0].message.content or ""), dict)
 
 
+@pytest.mark.parametrize("spelling", ["legacy", "format"])
+def test_response_format_structural_tag(plait_server: Runtime, spelling: str) -> None:
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    tag = {"begin": "<f=count>", "end": "</f>"}
+    if spelling == "legacy":
+        fmt = {"structures": [{**tag, "schema": schema}], "triggers": ["<f="]}
+    else:
+        content = {"type": "json_schema", "json_schema": schema}
+        fmt = {"format": {"type": "tag", **tag, "content": content}}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "call count"}],
+        "max_tokens": 48,
+        "response_format": {"type": "structural_tag", **fmt},
+    }
+    r = httpx.post(plait_server.url + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    text = r.json()["choices"][0]["message"]["content"]
+    for call in re.findall(r"<f=count>(.*?)</f>", text, re.S):
+        assert isinstance(json.loads(call)["n"], int)
+    if spelling == "format" and r.json()["choices"][0]["finish_reason"] == "stop":
+        assert re.fullmatch(r"<f=count>(.*)</f>", text, re.S)
+    bad = {**body, "response_format": {"type": "structural_tag"}}
+    r = httpx.post(plait_server.url + "/v1/chat/completions", json=bad, timeout=60)
+    assert r.status_code == 400 and "structural_tag" in r.json()["error"]["message"]
+
+
 def test_regex_extension_field(plait_server: Runtime) -> None:
     r = completion(plait_server.url, "digits:", 8, regex="[0-9]+")
     if r.status_code == 400:

@@ -39,7 +39,7 @@ from plait.backend.server.serving import (
 
 HEALTH_TIMEOUT_S = 20.0
 # SGLang sampling fields plait accepts only at their "off" value, and ones it ignores.
-UNSUPPORTED_FIELDS = ("custom_params", "structural_tag")
+UNSUPPORTED_FIELDS = ("custom_params",)
 IGNORED_FIELDS = ("spaces_between_special_tokens", "stream_interval")
 
 

@@ -121,11 +121,16 @@ def sampling_fields(req: OpenAISampling, max_tokens: int) -> dict[str, Any]:
 
 
 def format_fields(fmt: ResponseFormat | None) -> dict[str, Any]:
-    """`response_format` -> the json_object / json_schema constraint."""
+    """`response_format` -> the json_object / json_schema / structural_tag constraint."""
     if fmt is None or fmt.type == "text":
         return {}
     if fmt.type == "json_object":
         return {"json_object": True}
+    if fmt.type == "structural_tag":
+        tag = fmt.model_dump(
+            include={"type", "structures", "triggers", "format"}, exclude_none=True
+        )
+        return {"structural_tag": json.dumps(tag)}
     if fmt.json_schema is None or fmt.json_schema.schema_ is None:
         raise ApiError(
             400, "response_format.json_schema.schema: required for type json_schema",

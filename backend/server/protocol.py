@@ -69,10 +69,14 @@ class JsonSchemaSpec(BaseModel):
 
 
 class ResponseFormat(BaseModel):
-    """`response_format`: text (no constraint), json_object or json_schema."""
+    """`response_format`: text (no constraint), json_object, json_schema, or structural_tag
+    (SGLang's extension: `structures` + `triggers`, or xgrammar's `format`)."""
 
-    type: Literal["text", "json_object", "json_schema"]
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: JsonSchemaSpec | None = None
+    structures: list[dict[str, Any]] | None = None
+    triggers: list[str] | None = None
+    format: dict[str, Any] | None = None
 
 
 class OpenAISampling(BaseModel):

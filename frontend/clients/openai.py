@@ -22,7 +22,12 @@ from plait.clients.base import Backend, ChoiceLogprobs, GenOutput, OnText, Unsup
 from plait.clients.http import HttpError
 
 TURN = re.compile(r"<\|im_start\|>(system|user|assistant)\n(.*?)(<\|im_end\|>\n|$)", re.S)
-UNSUPPORTED = {"regex": "a regex", "ebnf": "an EBNF grammar", "stop_regex": "a stop regex"}
+UNSUPPORTED = {
+    "regex": "constrain output to a regex",
+    "ebnf": "constrain output to an EBNF grammar",
+    "structural_tag": "constrain output to a structural tag",
+    "stop_regex": "stop at a regex",
+}
 OPENAI_NAMES = {
     "max_new_tokens": "max_tokens",
     "temperature": "temperature",
@@ -97,8 +102,7 @@ class OpenAIBackend(Backend):
         for key, what in UNSUPPORTED.items():
             if params.get(key) is not None:
                 raise UnsupportedError(
-                    f"the OpenAI API cannot constrain output to {what}; "
-                    "use a plait or SGLang server (HttpBackend)"
+                    f"the OpenAI API cannot {what}; use a plait or SGLang server (HttpBackend)"
                 )
         body: dict[str, Any] = {"model": self.model}
         body.update({OPENAI_NAMES[k]: v for k, v in params.items() if k in OPENAI_NAMES})

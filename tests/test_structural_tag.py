@@ -1,0 +1,200 @@
+"""structural_tag constraints (tool calls, tagged sections) on plait-tiny's random weights."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from grammar_cases import validates
+
+import plait
+from helpers import tiny_engine
+from plait.backend.engine import Engine, GenerationError
+from plait.backend.structural_tag import (
+    StructuralTagError,
+    expand_json_schemas,
+    normalize_structural_tag,
+)
+
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 12},
+        "days": {"type": "integer", "minimum": 1, "maximum": 9},
+        "tags": {"type": "array", "items": {"enum": ["rain", "sun"]}, "uniqueItems": True},
+    },
+    "required": ["city", "days"],
+}
+SEQUENCE = {
+    "type": "structural_tag",
+    "format": {
+        "type": "sequence",
+        "elements": [
+            {"type": "const_string", "value": "Calling: "},
+            {
+                "type": "tag",
+                "begin": "<call>",
+                "content": {"type": "json_schema", "json_schema": WEATHER},
+                "end": "</call>",
+            },
+        ],
+    },
+}
+TRIGGERED = {
+    "type": "structural_tag",
+    "format": {
+        "type": "triggered_tags",
+        "triggers": ["<f="],
+        "tags": [
+            {
+                "type": "tag",
+                "begin": "<f=weather>",
+                "content": {"type": "json_schema", "json_schema": WEATHER},
+                "end": "</f>",
+            },
+            {
+                "type": "tag",
+                "begin": "<f=clock>",
+                "content": {"type": "regex", "pattern": r"[0-2][0-9]:[0-5][0-9]"},
+                "end": "</f>",
+            },
+        ],
+        "at_least_one": True,
+        "stop_after_first": True,
+    },
+}
+LEGACY = {
+    "type": "structural_tag",
+    "structures": [{"begin": "<function=weather>", "schema": WEATHER, "end": "</function>"}],
+    "triggers": ["<function="],
+}
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[Engine]:
+    with tiny_engine() as eng:
+        yield eng
+
+
+def run(engine: Engine, tag: dict[str, Any], n: int, tokens: int = 128) -> list[dict[str, Any]]:
+    params = [
+        {"max_new_tokens": tokens, "temperature": 1.0, "seed": i, "structural_tag": tag}
+        for i in range(n)
+    ]
+    return engine.generate(["Tool call:"] * n, params)
+
+
+def test_sequence_gives_the_exact_structure_with_valid_json(engine: Engine) -> None:
+    outs = run(engine, SEQUENCE, 8)
+    assert all(o["finish_reason"]["type"] == "stop" for o in outs)
+    for out in outs:
+        m = re.fullmatch(r"Calling: <call>(.*)</call>", out["text"], re.S)
+        assert m is not None, out["text"]
+        assert validates(strip_unique(WEATHER), json.loads(m.group(1), strict=False))
+        outside_strings = re.sub(r'"(?:[^"\\]|\\.)*"', '""', m.group(1))
+        assert not re.search(r"\s", outside_strings)  # compact, like a json_schema constraint
+        assert out["warnings"] == [
+            "json_schema keyword 'maxLength' is enforced more strictly (length-bounded strings "
+            "cannot hold escape sequences) at /properties/city",
+            "json_schema keyword 'uniqueItems' is not enforced (duplicate items are not "
+            "rejected) at /properties/tags",
+        ]
+
+
+def test_triggered_tags_dispatch_to_each_tag_content(engine: Engine) -> None:
+    outs = run(engine, TRIGGERED, 8)
+    kinds = set()
+    for out in outs:
+        assert out["finish_reason"]["type"] == "stop", out
+        m = re.fullmatch(r"(.*?)<f=(weather|clock)>(.*)</f>", out["text"], re.S)
+        assert m is not None, out["text"]
+        assert "<f=" not in m.group(1)
+        kinds.add(m.group(2))
+        if m.group(2) == "clock":
+            assert re.fullmatch(r"[0-2][0-9]:[0-5][0-9]", m.group(3))
+        else:
+            assert validates(strip_unique(WEATHER), json.loads(m.group(3), strict=False))
+    assert kinds  # at_least_one: every output holds a tag
+
+
+def test_legacy_structures_and_triggers(engine: Engine) -> None:
+    for out in run(engine, LEGACY, 6, tokens=48):
+        text = out["text"]
+        for body in re.findall(r"<function=weather>(.*?)</function>", text, re.S):
+            assert validates(strip_unique(WEATHER), json.loads(body, strict=False))
+        outside = re.sub(r"<function=weather>.*?</function>", "", text, flags=re.S)
+        # A trigger always opens a tag; an unfinished one can only be the cut-off end.
+        assert "<function=" not in outside or out["finish_reason"]["type"] == "length"
+
+
+@pytest.mark.parametrize(
+    ("tag", "message"),
+    [
+        ("{bad", "structural_tag is not valid JSON"),
+        ({"format": {"type": "nope"}}, "invalid structural_tag: .*nope"),
+        ({"type": "json_schema", "format": {}}, "structural_tag.type must be 'structural_tag'"),
+        ({"structures": [{"begin": "<a>"}], "triggers": ["<a"]}, r"structures\[0\] needs"),
+        ({"structures": [], "triggers": ["<"]}, "structures must be a non-empty list"),
+        ({"type": "structural_tag"}, "needs a 'format' object"),
+    ],
+)
+def test_bad_tags_fail_only_their_request(engine: Engine, tag: Any, message: str) -> None:
+    with pytest.raises(GenerationError, match=message):
+        engine.generate("x", {"max_new_tokens": 4, "structural_tag": tag})
+    assert engine.generate("x", {"max_new_tokens": 2})["usage"]["completion_tokens"] == 2
+
+
+def test_one_constraint_at_most(engine: Engine) -> None:
+    with pytest.raises(GenerationError, match="at most one constraint"):
+        engine.generate("x", {"regex": "a", "structural_tag": SEQUENCE})
+
+
+def test_a_program_can_ask_for_a_tool_call(engine: Engine) -> None:
+    @plait.program
+    def agent(s):  # type: ignore[no-untyped-def]
+        s += "Weather today? " + plait.gen("call", structural_tag=SEQUENCE, max_tokens=128)
+
+    state = agent.run(backend=plait.LocalBackend(engine=engine), temperature=1.0, seed=3)
+    assert re.fullmatch(r"Calling: <call>\{.*\}</call>", state["call"], re.S)
+    assert state.text() == "Weather today? " + state["call"]
+
+
+def test_normalized_form_and_which_sections_are_expanded() -> None:
+    legacy = json.loads(normalize_structural_tag(LEGACY))
+    assert legacy == {
+        "type": "structural_tag",
+        "format": {
+            "type": "triggered_tags",
+            "triggers": ["<function="],
+            "tags": [
+                {
+                    "type": "tag",
+                    "begin": "<function=weather>",
+                    "content": {"type": "json_schema", "json_schema": WEATHER},
+                    "end": "</function>",
+                }
+            ],
+        },
+    }
+    as_text = dict(LEGACY, structures=[dict(LEGACY["structures"][0], schema=json.dumps(WEATHER))])
+    assert normalize_structural_tag(json.dumps(as_text)) == normalize_structural_tag(LEGACY)
+    xml = {"type": "json_schema", "json_schema": WEATHER, "style": "qwen_xml"}
+    tag = {"type": "structural_tag", "format": {"type": "sequence", "elements": [xml, xml]}}
+    tag["format"]["elements"][0] = {"type": "json_schema", "json_schema": WEATHER}
+    expanded, warnings = expand_json_schemas(json.dumps(tag), lambda s: ('root ::= "{}"', ("w",)))
+    first, second = json.loads(expanded)["format"]["elements"]
+    assert first == {"type": "grammar", "grammar": 'root ::= "{}"'}
+    assert second == xml  # another style is xgrammar's to handle
+    assert warnings == ("w",)
+    with pytest.raises(StructuralTagError, match="must be an object"):
+        normalize_structural_tag("[1]")
+
+
+def strip_unique(schema: dict[str, Any]) -> dict[str, Any]:
+    """The schema without uniqueItems, which the grammar reports it cannot enforce."""
+    out = json.loads(json.dumps(schema))
+    out["properties"]["tags"].pop("uniqueItems")
+    return out
