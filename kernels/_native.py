@@ -25,10 +25,8 @@ CFLAGS = ("-O3", "-shared", "-fPIC", "-std=c99")
 
 
 def cache_dir() -> Path:
-    """Where built libraries are kept."""
-    root = os.environ.get("PLAIT_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "plait"
-    )
+    """Where built libraries are kept (beside the builtin models' cache)."""
+    root = os.environ.get("PLAIT_CACHE_DIR") or Path.home() / ".cache" / "plait"
     return Path(root) / "native"
 
 

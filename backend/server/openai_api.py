@@ -35,6 +35,7 @@ from plait.backend.server.serving import (
     open_stream,
     sse,
 )
+from plait.backend.server.tool_calls import plan_tools, structural_tag, template_messages
 
 DEFAULT_COMPLETION_TOKENS = 16
 
@@ -173,8 +174,7 @@ def completion_jobs(ctx: ServerContext, req: CompletionRequest) -> list[Job]:
 
 def chat_jobs(ctx: ServerContext, req: ChatCompletionRequest) -> list[Job]:
     check_common(ctx, req)
-    if req.tools:
-        raise ApiError(400, "tools: tool calling is not supported by plait", param="tools")
+    plan = plan_tools(req)
     if req.top_logprobs and not req.logprobs:
         raise ApiError(400, "top_logprobs: requires logprobs=true", param="top_logprobs")
     ids = chat_prompt(ctx, req)
@@ -184,6 +184,8 @@ def chat_jobs(ctx: ServerContext, req: ChatCompletionRequest) -> list[Job]:
         max_tokens = max(0, min(ctx.context_len, ctx.engine.info.kv_tokens) - len(ids))
     check_lengths(ctx, len(ids), max_new=max_tokens, prompt_field="messages", max_field=field)
     fields = sampling_fields(req, max_tokens)
+    if plan is not None:
+        fields["structural_tag"] = json.dumps(structural_tag(plan))
     if req.logprobs:
         fields.update(return_logprob=True, top_logprobs_num=req.top_logprobs or 0)
     return [Job(ids, make_params(fields))]
@@ -191,8 +193,10 @@ def chat_jobs(ctx: ServerContext, req: ChatCompletionRequest) -> list[Job]:
 
 def chat_prompt(ctx: ServerContext, req: ChatCompletionRequest) -> list[int]:
     """Token ids of the conversation through the tokenizer's chat template."""
-    messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+    template = str(getattr(ctx.engine.tokenizer, "chat_template", None) or "")
+    messages, extra = template_messages(req.messages, plan_tools(req), template=template)
+    kwargs = {**extra, **(req.chat_template_kwargs or {})}
     try:
-        return ctx.engine.tokenizer_manager.chat_ids(messages, **(req.chat_template_kwargs or {}))
+        return ctx.engine.tokenizer_manager.chat_ids(messages, **kwargs)
     except Exception as exc:  # noqa: BLE001 - template errors are the request's fault
         raise ApiError(400, f"messages: chat template failed: {exc}", param="messages") from exc

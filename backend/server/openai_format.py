@@ -16,6 +16,7 @@ from typing import Any
 
 from plait.backend.server.protocol import ChatCompletionRequest, CompletionRequest, OpenAISampling
 from plait.backend.server.serving import Chunks, Events, Job, ServerContext, job_of, raise_if_error
+from plait.backend.server.tool_calls import ToolCallStream, plan_tools, split_tool_calls
 
 Token = tuple[float, int]
 
@@ -136,17 +137,40 @@ def _chat_logprobs_of(
 def chat_response(
     ctx: ServerContext, req: ChatCompletionRequest, *, jobs: list[Job], results: list[Any]
 ) -> dict[str, Any]:
-    choices = [
-        {
-            "index": index,
-            "message": {"role": "assistant", "content": res["text"]},
-            "logprobs": _chat_logprobs_of(ctx, req, item=res),
-            "finish_reason": finish_name(res),
-        }
-        for index, res in enumerate(results)
-    ]
+    tools = plan_tools(req) is not None
+    choices = []
+    for index, res in enumerate(results):
+        message: dict[str, Any] = {"role": "assistant", "content": res["text"]}
+        calls: list[dict[str, Any]] = []
+        if tools:
+            message["content"], calls = split_tool_calls(res["text"])
+            if calls:
+                message["tool_calls"] = calls
+        choice = {"index": index, "message": message}
+        choice["logprobs"] = _chat_logprobs_of(ctx, req, item=res)
+        choice["finish_reason"] = _chat_finish(res, calls)
+        choices.append(choice)
     envelope = _envelope(req, kind="chat.completion", prefix="chatcmpl")
     return {**envelope, "choices": choices, "usage": usage(jobs, results)}
+
+
+def _chat_finish(item: dict[str, Any], calls: list[dict[str, Any]]) -> str | None:
+    """OpenAI's finish reason: "tool_calls" when a finished choice called tools."""
+    name = finish_name(item)
+    return "tool_calls" if calls and name == "stop" else name
+
+
+def _chat_delta(
+    stream: ToolCallStream | None, item: dict[str, Any]
+) -> tuple[str, list[dict[str, Any]]]:
+    """Content to stream now and, when the choice ends, its tool calls."""
+    if stream is None:
+        return item["text"], []
+    content = stream.feed(item["text"])
+    if item["finish_reason"] is None:
+        return content, []
+    rest, calls = stream.finish()
+    return content + rest, calls
 
 
 # --- streaming ----------------------------------------------------------------------------
@@ -199,17 +223,21 @@ async def chat_chunks(
     ctx: ServerContext, req: ChatCompletionRequest, *, jobs: list[Job], events: Events
 ) -> Chunks:
     writer = ChunkWriter(req, kind="chat.completion.chunk", prefix="chatcmpl")
+    samples = range(len(job_of(jobs)))
+    streams = {} if plan_tools(req) is None else {i: ToolCallStream() for i in samples}
     async with contextlib.aclosing(events):
         async for index, item in events:
             raise_if_error(ctx, item)
             first = index not in writer.started
             if writer.track(index, item) and not first:
                 continue
-            delta = {"role": "assistant"} if first else {}
-            delta["content"] = item["text"]
+            delta: dict[str, Any] = {"role": "assistant"} if first else {}
+            delta["content"], calls = _chat_delta(streams.get(index), item)
+            if calls:
+                delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(calls)]
             logprobs = _chat_logprobs_of(ctx, req, item=item)
             choice = {"index": index, "delta": delta, "logprobs": logprobs}
-            yield writer.chunk({**choice, "finish_reason": finish_name(item)})
+            yield writer.chunk({**choice, "finish_reason": _chat_finish(item, calls)})
     final = writer.final(jobs)
     if final is not None:
         yield final
