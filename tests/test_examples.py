@@ -12,6 +12,7 @@ import pytest
 
 import plait
 from helpers import TEST_KV_TOKENS
+from plait.runtime import Runtime
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -77,3 +78,12 @@ def test_agent_react() -> None:
         if action != "finish":
             assert re.fullmatch(module.TOOLS[action][1], state[f"input_{step}"])
     assert "Final answer: " in state.text()
+
+
+def test_tool_calling(plait_server: Runtime) -> None:
+    messages = load("tool_calling").main(plait_server.url)
+    assert [m["role"] for m in messages[:2]] == ["user", "assistant"]
+    calls = messages[1]["tool_calls"]
+    assert calls and all(c["function"]["name"] == "get_weather" for c in calls)
+    assert [m["role"] for m in messages[2:]] == ["tool"] * len(calls) + ["assistant"]
+    assert "tool_calls" not in messages[-1]  # tool_choice "none": a plain answer
