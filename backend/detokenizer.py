@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from plait.backend.messages import DetokOptions, ReqOutput, ReqStrOut
-from plait.backend.stop_conditions import first_stop, hold_back_chars
+from plait.backend.stop_conditions import Tail, first_stop, hold_back_chars
 
 REPLACEMENT = "\ufffd"
 DEFAULT_OPTIONS = DetokOptions(skip_special_tokens=True, stop=())
@@ -89,11 +89,9 @@ class Detokenizer:
 
 
 def _trim_stop(text: str, matched: int | str | None, opts: DetokOptions) -> str:
-    """Cut the text at its first stop string or regex match: before it, or after it with
-    `no_stop_trim` (text generated past the match within the last token is dropped)."""
-    if not isinstance(matched, str):
+    """Cut the text before its first stop string or regex match (`no_stop_trim`: leave it
+    whole, as SGLang does)."""
+    if not isinstance(matched, str) or opts.no_stop_trim:
         return text
-    hit = first_stop(text, opts.stop, opts.stop_regex)
-    if hit is None:
-        return text
-    return text[: hit.end if opts.no_stop_trim else hit.start]
+    hit = first_stop(Tail(text), opts.stop, opts.stop_regex)
+    return text if hit is None else text[: hit.start]

@@ -144,6 +144,10 @@ class XGrammarBackend:
         except GrammarError as exc:
             self.waiting[req] = _Waiting(str(exc), now)
             return
+        except Exception as exc:  # noqa: BLE001 - malformed input fails this request only
+            kind = req.params.constraint[0] if req.params.constraint else "constraint"
+            self.waiting[req] = _Waiting(f"invalid {kind}: {type(exc).__name__}: {exc}", now)
+            return
         cached = self.cache.get(key)
         self.waiting[req] = _Waiting(cached or self.cache.start(key), now)
 

@@ -8,7 +8,7 @@ import torch
 
 from plait.backend.messages import DetokOptions, ReqOutput
 from plait.backend.req import Req
-from plait.backend.stop_conditions import window_chars
+from plait.backend.stop_conditions import CONTEXT_TOKENS, Tail, window_chars
 
 STOP_TAIL_EXTRA_TOKENS = 4
 
@@ -59,15 +59,17 @@ class OutputBuilder:
             req.logprobs.output_top.append(_topk(logprobs, req.params.top_logprobs_num))
 
     # --- stop strings -----------------------------------------------------------------
-    def tail_text(self, req: Req) -> str | None:
-        """Text of the last few output tokens, enough to contain any stop string."""
+    def tail(self, req: Req) -> Tail | None:
+        """The end of the output that can hold a new stop, after a few tokens of context."""
         params = req.params
         if not (params.stop or params.stop_regex):
             return None
-        chars = window_chars(params.stop, params.stop_regex)
-        if chars is None:  # an unbounded regex: the whole output
-            return self.decode(req.output_ids)
-        return self.decode(req.output_ids[-(chars + STOP_TAIL_EXTRA_TOKENS) :])
+        ids = req.output_ids
+        window = window_chars(params.stop, params.stop_regex) + STOP_TAIL_EXTRA_TOKENS
+        if len(ids) <= window + CONTEXT_TOKENS:
+            return Tail(self.decode(ids))
+        context = ids[-(window + CONTEXT_TOKENS) : -window]
+        return Tail(self.decode(context + ids[-window:]), start=len(self.decode(context)))
 
     # --- emission ---------------------------------------------------------------------
     def emit(self, req: Req) -> ReqOutput:

@@ -9,15 +9,15 @@ import torch
 
 from plait.backend.radix_cache import TreeNode
 from plait.backend.sampling_params import SamplingParams
-from plait.backend.stop_conditions import first_stop
+from plait.backend.stop_conditions import Tail, first_stop
 
 FinishKind = Literal["stop", "length", "abort", "error"]
 
 
 @dataclass(frozen=True)
 class FinishReason:
-    """Why a request ended: `matched` is the stop token id, the stop string or the text a stop
-    regex matched, if any."""
+    """Why a request ended: `matched` is the stop token id, the stop string or the stop regex
+    that matched, if any."""
 
     kind: FinishKind
     matched: int | str | None = None
@@ -140,7 +140,7 @@ class Req:
         if self.finished is None:
             self.finished = reason
 
-    def check_finished(self, *, context_len: int, tail_text: str | None) -> None:
+    def check_finished(self, *, context_len: int, tail: Tail | None) -> None:
         """Set `finished` from the last output token (EOS, stop ids, stop strings, length)."""
         if self.finished is not None or not self.output_ids:
             return
@@ -148,10 +148,10 @@ class Req:
         grammar_done = self.grammar is not None and self.grammar.is_terminated()
         if grammar_done or last in self.eos_ids or last in self.params.stop_token_ids:
             self.finish(FinishReason("stop", last))
-        elif tail_text is not None and (
-            hit := first_stop(tail_text, self.params.stop, self.params.stop_regex)
+        elif tail is not None and (
+            hit := first_stop(tail, self.params.stop, self.params.stop_regex)
         ):
-            self.finish(FinishReason("stop", hit.matched(tail_text)))
+            self.finish(FinishReason("stop", hit.matched))
         elif len(self.output_ids) >= self.params.max_new_tokens or self.seq_len >= context_len:
             self.finish(FinishReason("length"))
 

@@ -95,9 +95,9 @@ class SamplingParams:
         if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
             schema = schema.model_json_schema()  # a pydantic model class
         if isinstance(schema, dict):
-            data["json_schema"] = json.dumps(schema)
+            data["json_schema"] = _json_text("json_schema", schema)
         if isinstance(data.get("structural_tag"), dict):
-            data["structural_tag"] = json.dumps(data["structural_tag"])
+            data["structural_tag"] = _json_text("structural_tag", data["structural_tag"])
         if data.get("logit_bias") is not None:
             data["logit_bias"] = _bias_pairs(data["logit_bias"])
         for name in ("stop", "stop_token_ids", "stop_regex", "choices"):
@@ -166,6 +166,13 @@ def _is_int(value: Any) -> bool:
 
 def _is_float(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _json_text(name: str, value: Any) -> str:
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ValueError(f"sampling_params.{name} cannot be written as JSON: {exc}") from None
 
 
 def _bias_pairs(value: Any) -> tuple[tuple[int, float], ...]:

@@ -85,8 +85,8 @@ class Scheduler:
     def _validate(self, req: Req) -> str | None:
         try:
             req.params.validate(vocab_size=self.runner.vocab_size)
-        except ValueError as exc:
-            return str(exc)
+        except Exception as exc:  # noqa: BLE001 - any bad input fails this request only
+            return str(exc) or type(exc).__name__
         n, ctx = req.prompt_len, self.runner.context_len
         total = n + req.params.max_new_tokens
         if n == 0:
@@ -368,9 +368,7 @@ class Scheduler:
                 self.outputs.record_output_logprob(req, result.logprobs[i], token)
             if req.grammar is not None and self.grammar is not None:
                 self.grammar.accept(req, token)
-            req.check_finished(
-                context_len=self.runner.context_len, tail_text=self.outputs.tail_text(req)
-            )
+            req.check_finished(context_len=self.runner.context_len, tail=self.outputs.tail(req))
             if req.grammar is not None and req.finished is None:
                 self._jump_forward(req)
 
@@ -391,7 +389,7 @@ class Scheduler:
             if req.sent_len > kept:
                 req.rollback += req.sent_len - kept
                 req.sent_len = kept
-        req.check_finished(context_len=self.runner.context_len, tail_text=None)
+        req.check_finished(context_len=self.runner.context_len, tail=None)
 
     def _retire(self, batch: list[Req]) -> list[ReqOutput]:
         out: list[ReqOutput] = []

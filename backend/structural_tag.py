@@ -73,7 +73,7 @@ def _parse(value: str | Node) -> Node:
     if isinstance(value, str):
         try:
             value = json.loads(value)
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, RecursionError) as exc:
             raise StructuralTagError(f"structural_tag is not valid JSON: {exc}") from exc
     if not isinstance(value, dict):
         raise StructuralTagError(f"structural_tag must be an object, got {type(value).__name__}")

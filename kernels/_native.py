@@ -15,6 +15,7 @@ import functools
 import hashlib
 import os
 import platform
+import shlex
 import subprocess
 import tempfile
 import warnings
@@ -44,7 +45,7 @@ def build_library(source: Path, *, cc: str, out_dir: Path) -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
     os.close(fd)
     try:
-        cmd = [cc, *CFLAGS, "-o", tmp, str(source)]
+        cmd = [*shlex.split(cc), *CFLAGS, "-o", tmp, str(source)]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         if proc.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed: {proc.stderr.strip()[:2000]}")

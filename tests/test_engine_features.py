@@ -96,15 +96,23 @@ def test_stop_regex_and_no_stop_trim(engine: Engine) -> None:
     assert m is not None
     cut = engine.generate("Stops", greedy(30, ignore_eos=True, stop_regex=pattern))
     assert cut["text"] == text[: m.start()]
-    assert cut["finish_reason"] == {"type": "stop", "matched": m.group()}
+    assert cut["finish_reason"] == {"type": "stop", "matched": pattern}
     kept = engine.generate(
         "Stops", greedy(30, ignore_eos=True, stop_regex=[pattern], no_stop_trim=True)
     )
-    assert kept["text"] == text[: m.end()]
+    # no_stop_trim: the text of every token generated, up to the one that completed the match.
+    assert kept["output_ids"] == cut["output_ids"]
+    assert kept["text"].startswith(text[: m.end()]) and text.startswith(kept["text"])
     parts = engine.generate("Stops", greedy(30, ignore_eos=True, stop_regex=pattern), stream=True)
     assert "".join(p["text"] for p in parts) == cut["text"]
-    with pytest.raises(GenerationError, match=r"stop_regex\[0\] is not a valid"):
-        engine.generate("Stops", greedy(3, stop_regex="(unclosed"))
+    # An anchor means the start of the output, not of the window the scheduler checks.
+    anchored = "^" + re.escape(text[10:12])
+    if not re.search(anchored, text):
+        whole = engine.generate("Stops", greedy(30, ignore_eos=True, stop_regex=anchored))
+        assert whole["text"] == text and whole["finish_reason"] == {"type": "length"}
+    for bad, message in [("(unclosed", "not a valid"), ("(a+)+b", "repeats a repetition")]:
+        with pytest.raises(GenerationError, match=r"stop_regex\[0\] .*" + message):
+            engine.generate("Stops", greedy(3, stop_regex=bad))
 
 
 def test_n_samples_share_the_prompt_and_seeds_reproduce(engine: Engine) -> None:

@@ -9,8 +9,9 @@ from plait.backend.messages import DetokOptions, ReqOutput
 from plait.backend.req import FinishReason
 from plait.backend.sampling_params import SamplingParams
 from plait.backend.stop_conditions import (
-    UNBOUNDED_HOLD_CHARS,
+    UNBOUNDED_CHARS,
     StopMatch,
+    Tail,
     first_stop,
     hold_back_chars,
     regex_width,
@@ -20,22 +21,32 @@ from plait.backend.stop_conditions import (
 
 def test_first_stop_is_the_earliest_and_longest_on_ties() -> None:
     text = "order 66 at 10:45, then 12:00"
-    assert first_stop(text, ("then",), (r"\d\d:\d\d",)) == StopMatch(12, 17)
-    assert first_stop(text, ("66 at", "66"), ()) == StopMatch(6, 11)
-    assert first_stop(text, ("zz",), (r"q+",)) is None
-    assert first_stop(text, (), (r"\d+",)).matched(text) == "66"  # type: ignore[union-attr]
+    clock = r"\d\d:\d\d"
+    assert first_stop(Tail(text), ("then",), (clock,)) == StopMatch(12, 17, clock)
+    assert first_stop(Tail(text), ("66 at", "66"), ()) == StopMatch(6, 11, "66 at")
+    assert first_stop(Tail(text), ("zz",), (r"q+",)) is None
+    assert first_stop(Tail(text, start=9), ("66",), (clock,)) == StopMatch(12, 17, clock)
+
+
+def test_context_before_the_window_is_seen_but_not_matched() -> None:
+    # Anchors mean the start of the output, not of the checked window; \b and lookbehinds
+    # see the context.
+    assert first_stop(Tail("ab cd", start=2), (), (r"^\s",)) is None
+    assert first_stop(Tail(" cd"), (), (r"^\s",)) == StopMatch(0, 1, r"^\s")
+    assert first_stop(Tail("abcd", start=2), (), (r"\bcd",)) is None
+    assert first_stop(Tail("ab cd", start=2), (), (r"(?<=b )cd",)) == StopMatch(3, 5, r"(?<=b )cd")
 
 
 def test_windows_follow_the_longest_possible_match() -> None:
     assert regex_width(r"ab[0-9]{2}") == 4
     assert regex_width(r"(yes|no)\.") == 4
-    assert regex_width(r"\d+") is None
+    assert regex_width(r"\d+") == UNBOUNDED_CHARS
+    assert regex_width(r"foo(?=bar)") > 6  # room for the lookahead's text
     assert window_chars(("stop",), (r"x\d",)) == 4
-    assert window_chars(("stop",), (r"x\d*",)) is None  # unbounded: the whole output
     assert window_chars((), ()) == 0
     assert hold_back_chars(("abc",), ()) == 2
     assert hold_back_chars(("abc",), (r"[0-9]{5}",)) == 4
-    assert hold_back_chars((), (r"\d+",)) == UNBOUNDED_HOLD_CHARS - 1
+    assert hold_back_chars((), (r"\d+",)) == UNBOUNDED_CHARS - 1
     assert hold_back_chars((), ()) == 0
 
 
@@ -43,7 +54,13 @@ def test_windows_follow_the_longest_possible_match() -> None:
     ("patterns", "message"),
     [
         (["ok", "("], r"stop_regex\[1\] is not a valid regular expression"),
-        (["a*"], r"stop_regex\[0\] 'a\*' matches the empty string"),
+        (["a{4294967296}"], r"stop_regex\[0\] is not a valid regular expression"),
+        (["(" * 1000 + ")" * 1000], r"stop_regex\[0\] is not a valid regular expression"),
+        (["a*"], r"stop_regex\[0\] 'a\*' can match the empty string"),
+        ([r"\b"], r"can match the empty string"),
+        ([r"x*(?=\n)"], r"can match the empty string"),
+        ([r"(a+)+b"], r"repeats a repetition without bound"),
+        ([r"(\w{2,5}\s)*end"], r"repeats a repetition without bound"),
     ],
 )
 def test_bad_stop_regexes_are_named(patterns: list[str], message: str) -> None:
@@ -84,7 +101,7 @@ def test_streaming_never_sends_a_stop_and_the_end_is_cut_at_it(keep: bool) -> No
     opts = DetokOptions(
         skip_special_tokens=True, stop=(), stop_regex=(r"\d{4}",), no_stop_trim=keep
     )
-    deltas, joined = stream(text[:11], opts, matched="1234")
+    deltas, joined = stream(text[:11], opts, matched=r"\d{4}")
     assert joined == ("total: 1234" if keep else "total: ")
     # Nothing of the match went out before the request finished.
     assert "1" not in "".join(deltas[:-1])
@@ -96,6 +113,6 @@ def test_streaming_never_sends_a_stop_and_the_end_is_cut_at_it(keep: bool) -> No
 def test_unbounded_pattern_holds_back_a_fixed_window() -> None:
     text = "x" * 300 + "123"
     opts = DetokOptions(skip_special_tokens=True, stop=(), stop_regex=(r"\d+",))
-    deltas, joined = stream(text, opts, matched="123")
+    deltas, joined = stream(text, opts, matched=r"\d+")
     assert joined == "x" * 300
-    assert len("".join(deltas[:-1])) == len(text) - 1 - (UNBOUNDED_HOLD_CHARS - 1)
+    assert len("".join(deltas[:-1])) == len(text) - 1 - (UNBOUNDED_CHARS - 1)

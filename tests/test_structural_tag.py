@@ -66,10 +66,11 @@ TRIGGERED = {
         "stop_after_first": True,
     },
 }
+# "(" is a frequent token of plait-tiny's prior, so the trigger fires in most outputs.
 LEGACY = {
     "type": "structural_tag",
-    "structures": [{"begin": "<function=weather>", "schema": WEATHER, "end": "</function>"}],
-    "triggers": ["<function="],
+    "structures": [{"begin": "(weather ", "schema": WEATHER, "end": ")"}],
+    "triggers": ["("],
 }
 
 
@@ -121,19 +122,23 @@ def test_triggered_tags_dispatch_to_each_tag_content(engine: Engine) -> None:
 
 
 def test_legacy_structures_and_triggers(engine: Engine) -> None:
-    for out in run(engine, LEGACY, 6, tokens=48):
+    calls = 0
+    for out in run(engine, LEGACY, 6, tokens=96):
         text = out["text"]
-        for body in re.findall(r"<function=weather>(.*?)</function>", text, re.S):
+        for body in re.findall(r"\(weather (\{.*?\})\)", text, re.S):
             assert validates(strip_unique(WEATHER), json.loads(body, strict=False))
-        outside = re.sub(r"<function=weather>.*?</function>", "", text, flags=re.S)
+            calls += 1
+        outside = re.sub(r"\(weather \{.*?\}\)", "", text, flags=re.S)
         # A trigger always opens a tag; an unfinished one can only be the cut-off end.
-        assert "<function=" not in outside or out["finish_reason"]["type"] == "length"
+        assert "(" not in outside or out["finish_reason"]["type"] == "length", text
+    assert calls >= 3
 
 
 @pytest.mark.parametrize(
     ("tag", "message"),
     [
         ("{bad", "structural_tag is not valid JSON"),
+        ("[" * 5000 + "]" * 5000, "structural_tag is not valid JSON"),
         ({"format": {"type": "nope"}}, "invalid structural_tag: .*nope"),
         ({"type": "json_schema", "format": {}}, "structural_tag.type must be 'structural_tag'"),
         ({"structures": [{"begin": "<a>"}], "triggers": ["<a"]}, r"structures\[0\] needs"),
@@ -168,13 +173,13 @@ def test_normalized_form_and_which_sections_are_expanded() -> None:
         "type": "structural_tag",
         "format": {
             "type": "triggered_tags",
-            "triggers": ["<function="],
+            "triggers": ["("],
             "tags": [
                 {
                     "type": "tag",
-                    "begin": "<function=weather>",
+                    "begin": "(weather ",
                     "content": {"type": "json_schema", "json_schema": WEATHER},
-                    "end": "</function>",
+                    "end": ")",
                 }
             ],
         },

@@ -8,9 +8,12 @@ from typing import Any
 import httpx
 import openai
 import pytest
+import xgrammar as xgr
 from grammar_cases import validates
 from server_helpers import MODEL
 
+from plait.backend.grammar_compiler import compile_key, grammar_key
+from plait.backend.sampling_params import SamplingParams
 from plait.backend.server.protocol import ApiError, ChatCompletionRequest
 from plait.backend.server.tool_calls import (
     BEGIN,
@@ -113,9 +116,44 @@ def test_prompt_lists_the_tools_and_rewrites_earlier_calls() -> None:
         == f'{BEGIN}\n{{"name": "get_time", "arguments": {{"zone": "UTC"}}}}\n{END}'
     )
     assert messages[3] == {"role": "tool", "content": "12:00", "tool_call_id": "c1"}
-    native, extra = template_messages(req.messages, plan_tools(req), template="{{ tools }}")
+    llama_like = "{{ tools }} (its own call format)"
+    assert template_messages(req.messages, plan_tools(req), template=llama_like)[1] == {}
+    qwen_like = "{{ tools }} ... <tool_call> ..."
+    native, extra = template_messages(req.messages, plan_tools(req), template=qwen_like)
     assert [t["function"]["name"] for t in extra["tools"]] == ["get_weather", "get_time"]
     assert native[1]["tool_calls"][0]["function"]["arguments"] == {"zone": "UTC"}
+
+
+def accepts(plan_fields: dict[str, Any], text: str) -> bool:
+    """Whether the request's tool constraint accepts `text` as a whole output."""
+    plan = plan_tools(request(tools=TOOLS, **plan_fields))
+    assert plan is not None
+    params = SamplingParams(structural_tag=json.dumps(structural_tag(plan)))
+    compiler = xgr.GrammarCompiler(xgr.TokenizerInfo([]), cache_enabled=False)
+    compiled = compile_key(compiler, grammar_key(params)).grammar
+    matcher = xgr.GrammarMatcher(compiled, terminate_without_stop_token=True)
+    return bool(matcher.accept_string(text)) and bool(matcher.is_terminated())
+
+
+def call_text(name: str, arguments: str) -> str:
+    return f'{BEGIN}\n{{"name": "{name}", "arguments": {arguments}}}\n{END}'
+
+
+def test_the_constraint_admits_exactly_valid_calls() -> None:
+    paris = call_text("get_weather", '{"city":"Paris","unit":"C"}')
+    tokyo = call_text("get_time", '{"zone":"JST"}')
+    assert accepts({}, "Just text.")
+    assert accepts({}, "Let me look.\n" + paris + " Done.")
+    assert not accepts({}, "x" + call_text("get_weather", '{"city":"Paris","unit":"K"}'))
+    assert not accepts({}, call_text("get_time", '{"zone":"tokyo"}'))  # pattern ^[A-Z]{3}$
+    assert not accepts({}, call_text("launch", "{}"))  # not an offered function
+    required = {"tool_choice": "required"}
+    assert not accepts(required, "Just text.")
+    assert accepts(required, paris)
+    assert accepts(required, paris + "\n" + tokyo)
+    assert not accepts({**required, "parallel_tool_calls": False}, paris + "\n" + tokyo)
+    named = {"tool_choice": {"type": "function", "function": {"name": "get_time"}}}
+    assert accepts(named, tokyo) and not accepts(named, paris)
 
 
 def test_calls_are_split_from_the_content() -> None:
@@ -124,7 +162,8 @@ def test_calls_are_split_from_the_content() -> None:
     assert content == f"Sure. {BEGIN}\nnot json\n{END}"
     assert [c["function"] for c in calls] == [{"name": "f", "arguments": '{"a": 1}'}]
     assert calls[0]["id"].startswith("call_") and calls[0]["type"] == "function"
-    assert split_tool_calls("  ") == (None, [])
+    assert split_tool_calls("") == (None, [])
+    assert split_tool_calls(" no calls \n") == (" no calls \n", [])  # left as it is
 
 
 def test_streaming_holds_back_from_a_possible_call() -> None:

@@ -233,6 +233,8 @@ async def chat_chunks(
                 continue
             delta: dict[str, Any] = {"role": "assistant"} if first else {}
             delta["content"], calls = _chat_delta(streams.get(index), item)
+            if not (first or delta["content"] or calls or item["finish_reason"]):
+                continue  # text held back while a tool call may be starting
             if calls:
                 delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(calls)]
             logprobs = _chat_logprobs_of(ctx, req, item=item)

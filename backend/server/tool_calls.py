@@ -101,10 +101,10 @@ def template_messages(
     messages: list[ChatMessage], plan: ToolPlan | None, *, template: str
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Messages for the chat template and the extra template arguments. A template that
-    renders `tools` / `tool_calls` itself gets them as data; otherwise the tools become a
-    system prompt and earlier calls are written into the assistant text as the model writes
-    them."""
-    native = "tools" in template
+    renders `tools` itself in this format (it mentions `<tool_call>`, as Qwen's do) gets tools
+    and earlier calls as data; otherwise the tools become a system prompt and earlier calls are
+    written into the assistant text as the model writes them."""
+    native = "tools" in template and BEGIN in template
     out = [_message(m, native=native) for m in messages]
     if plan is None:
         return out, {}
@@ -119,7 +119,8 @@ def template_messages(
 
 
 def split_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
-    """(content, tool_calls) of an output; a call that does not parse stays in the content."""
+    """(content, tool_calls) of an output; a call that does not parse stays in the content.
+    Without calls the content is the text as it is; with calls, what is left, stripped."""
     calls: list[dict[str, Any]] = []
 
     def take(m: re.Match[str]) -> str:
@@ -129,7 +130,9 @@ def split_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
         calls.append(call)
         return ""
 
-    content = CALL.sub(take, text).strip()
+    content = CALL.sub(take, text)
+    if calls:
+        content = content.strip()
     return content or None, calls
 
 
