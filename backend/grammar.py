@@ -33,6 +33,7 @@ from plait.backend.grammar_compiler import (
 from plait.backend.jump_forward import Encoder, Retokenizer
 from plait.backend.regex_fsm import RegexCursor
 from plait.backend.req import FinishReason, Req
+from plait.kernels import prepare_cpu_kernel
 
 COMPILE_WORKERS = 2
 TIMING_LOG_SIZE = 1 << 16
@@ -295,4 +296,6 @@ def make_grammar(
     token_bytes = list(info.decoded_vocab)
     retokenizer = Retokenizer(token_bytes=token_bytes, encode=make_encoder(tokenizer))
     pin = config.device != "cpu" and torch.cuda.is_available()
+    if config.device == "cpu" or not torch.cuda.is_available():
+        prepare_cpu_kernel()  # built once per machine (cached), so no request waits for it
     return XGrammarBackend(config=config, info=info, retokenizer=retokenizer, pin=pin)

@@ -54,6 +54,12 @@ def apply_token_bitmask(
         apply_token_bitmask_torch(logits, bitmask, rows)
 
 
+def prepare_cpu_kernel() -> bool:
+    """Build (or load) the CPU kernel now instead of at the first masked batch; False when
+    it cannot be built (masks then use xgrammar's CPU kernel)."""
+    return load_native("bitmask_cpu") is not None
+
+
 def _check(
     logits: torch.Tensor, bitmask: torch.Tensor, indices: torch.Tensor | Sequence[int] | None
 ) -> torch.Tensor | None:
