@@ -33,7 +33,7 @@ from plait.backend.grammar_compiler import (
 from plait.backend.jump_forward import Encoder, Retokenizer
 from plait.backend.regex_fsm import RegexCursor
 from plait.backend.req import FinishReason, Req
-from plait.kernels import prepare_cpu_kernel
+from plait.kernels.bitmask import prepare_cpu_kernel
 
 COMPILE_WORKERS = 2
 TIMING_LOG_SIZE = 1 << 16

@@ -5,7 +5,7 @@ the vectorized torch path on CPU tensors (``PLAIT_FORCE_TRITON=1`` makes "auto" 
 too, through ``TRITON_INTERPRET=1``).
 """
 
-from .bitmask import apply_token_bitmask, prepare_cpu_kernel
+from .bitmask import apply_token_bitmask
 from .decode_attention import paged_decode_attention
 from .extend_attention import extend_attention
 from .kv_store import store_kv
@@ -15,7 +15,6 @@ from .sampling import top_k_top_p_sample
 
 __all__ = [
     "apply_token_bitmask",
-    "prepare_cpu_kernel",
     "extend_attention",
     "paged_decode_attention",
     "rmsnorm",
