@@ -210,6 +210,46 @@ def test_response_format_structural_tag(plait_server: Runtime, spelling: str) ->
     assert r.status_code == 400 and "structural_tag" in r.json()["error"]["message"]
 
 
+DIGITS = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "maxItems": 3}
+
+
+@pytest.mark.parametrize(
+    ("extra", "check"),
+    [
+        ({"guided_choice": ["red", "green"]}, lambda t: t in ("red", "green")),
+        ({"guided_regex": "[0-9]{3}-[a-z]{2}"}, lambda t: re.fullmatch("[0-9]{3}-[a-z]{2}", t)),
+        (
+            {"guided_json": {"type": "object", "properties": {"ok": {"type": "boolean"}}}},
+            lambda t: isinstance(json.loads(t), dict),
+        ),
+        ({"guided_grammar": 'root ::= "yes" | "no"'}, lambda t: t in ("yes", "no")),
+        ({"structured_outputs": {"choice": ["up", "down"]}}, lambda t: t in ("up", "down")),
+        ({"structured_outputs": {"regex": "[A-Z]{4}"}}, lambda t: re.fullmatch("[A-Z]{4}", t)),
+        (
+            {"structured_outputs": {"json": json.dumps(DIGITS)}},
+            lambda t: len(json.loads(t)) <= 3 and all(0 <= x <= 9 for x in json.loads(t)),
+        ),
+    ],
+)
+def test_vllm_constraint_fields(client: openai.OpenAI, extra: dict[str, Any], check: Any) -> None:
+    out = client.completions.create(
+        model=MODEL, prompt="answer:", max_tokens=48, seed=1, extra_body=extra
+    )
+    choice = out.choices[0]
+    assert choice.finish_reason == "stop", choice
+    assert check(choice.text), choice.text
+
+
+def test_vllm_constraint_field_errors(plait_server: Runtime) -> None:
+    both = {"guided_regex": "a", "structured_outputs": {"regex": "b"}}
+    r = completion(plait_server.url, "x", 4, **both)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "structured_outputs"
+    r = completion(plait_server.url, "x", 4, structured_outputs={"whitespace_pattern": " "})
+    assert r.status_code == 400 and "whitespace_pattern" in r.json()["error"]["message"]
+    r = completion(plait_server.url, "x", 4, guided_regex="a", guided_choice=["b"])
+    assert r.status_code == 400 and "at most one constraint" in r.json()["error"]["message"]
+
+
 def test_regex_extension_field(plait_server: Runtime) -> None:
     r = completion(plait_server.url, "digits:", 8, regex="[0-9]+")
     if r.status_code == 400:

@@ -118,7 +118,37 @@ def sampling_fields(req: OpenAISampling, max_tokens: int) -> dict[str, Any]:
         "regex": req.regex,
         "ebnf": req.ebnf,
     }
-    return {**fields, **format_fields(req.response_format)}
+    return {**fields, **format_fields(req.response_format), **vllm_fields(req)}
+
+
+def vllm_fields(req: OpenAISampling) -> dict[str, Any]:
+    """vLLM's constraint fields (`guided_*`, or `structured_outputs`) -> plait's."""
+    legacy: dict[str, Any] = {
+        "json_schema": req.guided_json,
+        "regex": req.guided_regex,
+        "choices": req.guided_choice,
+        "ebnf": req.guided_grammar,
+    }
+    given = {k: v for k, v in legacy.items() if v is not None}
+    so = req.structured_outputs
+    if so is not None:
+        if given:
+            raise ApiError(
+                400, "structured_outputs: give it or the guided_* fields, not both",
+                param="structured_outputs",
+            )  # fmt: skip
+        modern: dict[str, Any] = {
+            "json_schema": so.json_,
+            "regex": so.regex,
+            "choices": so.choice,
+            "ebnf": so.grammar,
+            "json_object": so.json_object or None,
+            "structural_tag": so.structural_tag,
+        }
+        given = {k: v for k, v in modern.items() if v is not None}
+    if isinstance(given.get("json_schema"), dict):
+        given["json_schema"] = json.dumps(given["json_schema"])
+    return given
 
 
 def format_fields(fmt: ResponseFormat | None) -> dict[str, Any]:

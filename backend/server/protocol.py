@@ -79,6 +79,21 @@ class ResponseFormat(BaseModel):
     format: dict[str, Any] | None = None
 
 
+class StructuredOutputs(BaseModel):
+    """vLLM's `structured_outputs` extra field: one constraint."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    json_: str | dict[str, Any] | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: str | dict[str, Any] | None = None
+    disable_any_whitespace: bool = False  # plait's JSON is compact either way
+    disable_additional_properties: bool = False  # strict mode, plait's default
+
+
 class OpenAISampling(BaseModel):
     """Fields shared by /v1/completions and /v1/chat/completions (OpenAI's plus the usual
     extensions of open-source servers: top_k, min_p, regex, ebnf, ...)."""
@@ -110,6 +125,12 @@ class OpenAISampling(BaseModel):
     no_stop_trim: bool = False
     regex: str | None = None
     ebnf: str | None = None
+    # vLLM's spellings of the constraints
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    structured_outputs: StructuredOutputs | None = None
 
 
 class CompletionRequest(OpenAISampling):
