@@ -125,6 +125,28 @@ class Req:
             limit = min(limit, max(start - 1, 0))
         return limit
 
+    # --- admission ---------------------------------------------------------------------
+    def validation_error(self, *, vocab_size: int, context_len: int, pool_size: int) -> str | None:
+        """Why this request cannot run on the model and pool at all, or None."""
+        try:
+            self.params.validate(vocab_size=vocab_size)
+        except Exception as exc:  # noqa: BLE001 - any bad input fails this request only
+            return str(exc) or type(exc).__name__
+        n = self.prompt_len
+        total = n + self.params.max_new_tokens
+        if n == 0:
+            return "the prompt is empty"
+        if any(not 0 <= t < vocab_size for t in self.origin_input_ids):
+            return "input_ids: token id out of the model's vocabulary"
+        if total > context_len:
+            return (
+                f"prompt ({n} tokens) + max_new_tokens ({self.params.max_new_tokens}) = {total} "
+                f"exceeds the model's context length of {context_len} tokens"
+            )
+        if total > pool_size:
+            return f"request needs {total} tokens; the whole KV pool holds {pool_size}"
+        return None
+
     # --- sampling helpers --------------------------------------------------------------
     def next_uniform(self) -> float:
         return float(torch.rand(1, generator=self.generator).item())

@@ -73,7 +73,11 @@ class Scheduler:
             group=msg.group,
             arrival=self._arrivals,
         )
-        error = self._validate(req)
+        error = req.validation_error(
+            vocab_size=self.runner.vocab_size,
+            context_len=self.runner.context_len,
+            pool_size=self.kv.kv_pool.size,
+        )
         if error is not None:
             req.finish(FinishReason("error", message=error))
             return [self.outputs.emit(req)]
@@ -81,26 +85,6 @@ class Scheduler:
             return self._add_constrained(req)
         self.waiting.append(req)
         return []
-
-    def _validate(self, req: Req) -> str | None:
-        try:
-            req.params.validate(vocab_size=self.runner.vocab_size)
-        except Exception as exc:  # noqa: BLE001 - any bad input fails this request only
-            return str(exc) or type(exc).__name__
-        n, ctx = req.prompt_len, self.runner.context_len
-        total = n + req.params.max_new_tokens
-        if n == 0:
-            return "the prompt is empty"
-        if any(not 0 <= t < self.runner.vocab_size for t in req.origin_input_ids):
-            return "input_ids: token id out of the model's vocabulary"
-        if total > ctx:
-            return (
-                f"prompt ({n} tokens) + max_new_tokens ({req.params.max_new_tokens}) = {total} "
-                f"exceeds the model's context length of {ctx} tokens"
-            )
-        if total > self.kv.kv_pool.size:
-            return f"request needs {total} tokens; the whole KV pool holds {self.kv.kv_pool.size}"
-        return None
 
     def _add_constrained(self, req: Req) -> list[ReqOutput]:
         if self.grammar is None:
