@@ -266,3 +266,27 @@ def test_raw_sse_format(plait_server: Runtime) -> None:
     assert lines[-2:] == ["data: [DONE]", ""] or lines[-1] == "data: [DONE]"
     events = sse_events(lines)
     assert events[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_tokenize_and_detokenize(plait_server: Runtime) -> None:
+    url = plait_server.url
+    prompt = "The quick brown fox"
+    tok = httpx.post(url + "/tokenize", json={"prompt": prompt, "return_token_strs": True}).json()
+    usage = completion(url, prompt, 1).json()["usage"]
+    assert tok["count"] == len(tok["tokens"]) == usage["prompt_tokens"]
+    assert "".join(tok["token_strs"]).endswith("fox") and tok["max_model_len"] > 0
+    back = httpx.post(url + "/detokenize", json={"model": MODEL, "tokens": tok["tokens"]}).json()
+    assert back["prompt"].endswith(prompt)
+    messages = [{"role": "user", "content": "hello there"}]
+    chat = httpx.post(url + "/tokenize", json={"messages": messages}).json()
+    body = {"model": MODEL, "messages": messages, "max_tokens": 1}
+    used = httpx.post(url + "/v1/chat/completions", json=body, timeout=60).json()["usage"]
+    assert chat["count"] == used["prompt_tokens"]
+    for path, bad, param in [
+        ("/tokenize", {"prompt": "a", "messages": messages}, "prompt"),
+        ("/tokenize", {"prompt": "a", "model": "other"}, "model"),
+        ("/detokenize", {"tokens": [1, -5]}, "tokens"),
+        ("/detokenize", {"tokens": "abc"}, "tokens"),
+    ]:
+        r = httpx.post(url + path, json=bad)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (path, r.text)

@@ -23,8 +23,10 @@ from plait.backend.server.protocol import (
     ApiError,
     ChatCompletionRequest,
     CompletionRequest,
+    DetokenizeRequest,
     OpenAISampling,
     ResponseFormat,
+    TokenizeRequest,
 )
 from plait.backend.server.serving import (
     Job,
@@ -52,6 +54,8 @@ class OpenAIApi:
         add("/v1/models", self.models, methods=["GET"])
         add("/v1/completions", self.completions, methods=["POST"], response_model=None)
         add("/v1/chat/completions", self.chat, methods=["POST"], response_model=None)
+        add("/tokenize", self.tokenize, methods=["POST"])
+        add("/detokenize", self.detokenize, methods=["POST"])
         return router
 
     async def models(self) -> dict[str, Any]:
@@ -72,6 +76,43 @@ class OpenAIApi:
         results = await collect(ctx, request, jobs=jobs)
         return chat_response(ctx, body, jobs=jobs, results=results)
 
+    async def tokenize(self, body: TokenizeRequest) -> dict[str, Any]:
+        """Token ids of a prompt (or of chat messages rendered by the template)."""
+        ctx = self.ctx
+        check_model(ctx, body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise ApiError(400, "prompt: give prompt or messages, not both", param="prompt")
+        if body.messages is not None:
+            messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+            ids = ctx.engine.tokenizer_manager.chat_ids(messages)
+        else:
+            tokens = ctx.engine.tokenizer.encode(
+                body.prompt, add_special_tokens=body.add_special_tokens
+            )
+            ids = [int(t) for t in tokens]
+        out: dict[str, Any] = {
+            "count": len(ids),
+            "max_model_len": ctx.engine.info.context_len,
+            "tokens": ids,
+        }
+        if body.return_token_strs:
+            out["token_strs"] = [ctx.token_text(t) for t in ids]
+        return out
+
+    async def detokenize(self, body: DetokenizeRequest) -> dict[str, Any]:
+        """The text of token ids."""
+        ctx = self.ctx
+        check_model(ctx, body.model)
+        vocab = ctx.engine.info.vocab_size
+        bad = [t for t in body.tokens if not 0 <= t < vocab]
+        if bad:
+            raise ApiError(
+                400,
+                f"tokens: ids out of the vocabulary (0..{vocab - 1}): {bad[:5]}",
+                param="tokens",
+            )
+        return {"prompt": str(ctx.engine.tokenizer.decode(body.tokens))}
+
 
 def model_card(ctx: ServerContext) -> dict[str, Any]:
     info = ctx.engine.info
@@ -86,12 +127,17 @@ def model_card(ctx: ServerContext) -> dict[str, Any]:
 
 
 # --- requests -> jobs ---------------------------------------------------------------------
-def check_common(ctx: ServerContext, req: OpenAISampling) -> None:
-    if not ctx.known_model(req.model):
+def check_model(ctx: ServerContext, model: str | None) -> None:
+    """A 400 unless `model` (when given) is the one this server serves."""
+    if model is not None and not ctx.known_model(model):
         raise ApiError(
-            400, f"model: unknown model {req.model!r}; this server serves {ctx.model_name!r}",
+            400, f"model: unknown model {model!r}; this server serves {ctx.model_name!r}",
             param="model",
         )  # fmt: skip
+
+
+def check_common(ctx: ServerContext, req: OpenAISampling) -> None:
+    check_model(ctx, req.model)
 
 
 def sampling_fields(req: OpenAISampling, max_tokens: int) -> dict[str, Any]:

@@ -216,6 +216,27 @@ class ChatCompletionRequest(OpenAISampling):
     chat_template_kwargs: dict[str, Any] | None = None
 
 
+class TokenizeRequest(BaseModel):
+    """POST /tokenize (vLLM's): a prompt, or chat messages through the chat template."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(BaseModel):
+    """POST /detokenize (vLLM's): token ids back to text."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    tokens: list[int]
+
+
 # --- SGLang's native API ------------------------------------------------------------------
 class GenerateRequest(BaseModel):
     """POST /generate, in SGLang's `GenerateReqInput` format (text-only fields)."""
