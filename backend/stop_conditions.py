@@ -17,6 +17,7 @@ while streaming.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -83,6 +84,7 @@ def first_stop(tail: Tail, strings: tuple[str, ...], regexes: tuple[str, ...]) -
     return min(found, key=lambda m: (m.start, -m.end)) if found else None
 
 
+@functools.lru_cache(maxsize=1024)  # asked after every token of every request with stops
 def regex_width(pattern: str) -> int:
     """Characters a match and the lookaround it needs can span (`UNBOUNDED_CHARS` at most)."""
     try:
