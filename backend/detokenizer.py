@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from plait.backend.messages import DetokOptions, ReqOutput, ReqStrOut
-from plait.backend.stop_conditions import Tail, first_stop, hold_back_chars
+from plait.backend.stop_conditions import StopRegexTimeout, Tail, first_stop, hold_back_chars
 
 REPLACEMENT = "\ufffd"
 DEFAULT_OPTIONS = DetokOptions(skip_special_tokens=True, stop=())
@@ -93,5 +93,8 @@ def _trim_stop(text: str, matched: int | str | None, opts: DetokOptions) -> str:
     whole, as SGLang does)."""
     if not isinstance(matched, str) or opts.no_stop_trim:
         return text
-    hit = first_stop(Tail(text), opts.stop, opts.stop_regex)
+    try:
+        hit = first_stop(Tail(text), opts.stop, opts.stop_regex)
+    except StopRegexTimeout:  # the scheduler reported it; nothing to cut by
+        return text
     return text if hit is None else text[: hit.start]

@@ -9,7 +9,7 @@ import torch
 
 from plait.backend.radix_cache import TreeNode
 from plait.backend.sampling_params import SamplingParams
-from plait.backend.stop_conditions import Tail, first_stop
+from plait.backend.stop_conditions import StopMatch, StopRegexTimeout, Tail, first_stop
 
 FinishKind = Literal["stop", "length", "abort", "error"]
 
@@ -170,12 +170,17 @@ class Req:
         grammar_done = self.grammar is not None and self.grammar.is_terminated()
         if grammar_done or last in self.eos_ids or last in self.params.stop_token_ids:
             self.finish(FinishReason("stop", last))
-        elif tail is not None and (
-            hit := first_stop(tail, self.params.stop, self.params.stop_regex)
-        ):
+        elif tail is not None and (hit := self._stop_in(tail)):
             self.finish(FinishReason("stop", hit.matched))
         elif len(self.output_ids) >= self.params.max_new_tokens or self.seq_len >= context_len:
             self.finish(FinishReason("length"))
+
+    def _stop_in(self, tail: Tail) -> StopMatch | None:
+        try:
+            return first_stop(tail, self.params.stop, self.params.stop_regex)
+        except StopRegexTimeout as exc:
+            self.finish(FinishReason("error", message=str(exc)))
+            return None
 
     def __repr__(self) -> str:
         out = len(self.output_ids)

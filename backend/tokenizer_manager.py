@@ -131,10 +131,19 @@ class TokenizerManager:
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=True))
 
-    def chat_ids(self, messages: Sequence[dict[str, Any]], **template_kwargs: Any) -> list[int]:
-        """Token ids of `messages` through the tokenizer's chat template (generation prompt on)."""
+    def chat_ids(
+        self,
+        messages: Sequence[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        **template_kwargs: Any,
+    ) -> list[int]:
+        """Token ids of `messages` through the tokenizer's chat template."""
         text = self.tokenizer.apply_chat_template(
-            list(messages), tokenize=False, add_generation_prompt=True, **template_kwargs
+            list(messages),
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            **template_kwargs,
         )
         assert isinstance(text, str)
         return list(self.tokenizer.encode(text, add_special_tokens=False))

@@ -6,11 +6,13 @@ import asyncio
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from helpers import greedy, tiny_engine
+from plait.backend import stop_conditions
 from plait.backend.engine import Engine, GenerationError
 
 
@@ -110,9 +112,24 @@ def test_stop_regex_and_no_stop_trim(engine: Engine) -> None:
     if not re.search(anchored, text):
         whole = engine.generate("Stops", greedy(30, ignore_eos=True, stop_regex=anchored))
         assert whole["text"] == text and whole["finish_reason"] == {"type": "length"}
-    for bad, message in [("(unclosed", "not a valid"), ("(a+)+b", "repeats a repetition")]:
+    for bad, message in [("(unclosed", "not a valid"), ("x?", "can match the empty string")]:
         with pytest.raises(GenerationError, match=r"stop_regex\[0\] .*" + message):
             engine.generate("Stops", greedy(3, stop_regex=bad))
+
+
+def test_a_stop_regex_that_runs_out_of_time_fails_only_its_request(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(stop_conditions, "SEARCH_TIMEOUT_S", 1e-9)
+
+    async def both() -> list[Any]:
+        slow = engine.async_generate("Stops", greedy(8, ignore_eos=True, stop_regex=r"\d+x"))
+        plain = engine.async_generate("Stops", greedy(8, ignore_eos=True))
+        return await asyncio.gather(slow, plain, return_exceptions=True)
+
+    slow, plain = asyncio.run(both())
+    assert isinstance(slow, GenerationError) and "took longer than" in str(slow)
+    assert plain["finish_reason"] == {"type": "length"} and len(plain["output_ids"]) == 8
 
 
 def test_n_samples_share_the_prompt_and_seeds_reproduce(engine: Engine) -> None:

@@ -248,6 +248,14 @@ def test_vllm_constraint_field_errors(plait_server: Runtime) -> None:
     assert r.status_code == 400 and "whitespace_pattern" in r.json()["error"]["message"]
     r = completion(plait_server.url, "x", 4, guided_regex="a", guided_choice=["b"])
     assert r.status_code == 400 and "at most one constraint" in r.json()["error"]["message"]
+    for twice in (
+        {"regex": "a+", "guided_regex": "b+"},
+        {"response_format": {"type": "json_object"}, "structured_outputs": {"json_object": True}},
+    ):
+        r = completion(plait_server.url, "x", 4, **twice)
+        assert r.status_code == 400 and "given twice" in r.json()["error"]["message"], twice
+    r = completion(plait_server.url, "x", 4, structured_outputs={})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "structured_outputs"
 
 
 def test_regex_extension_field(plait_server: Runtime) -> None:
@@ -277,12 +285,15 @@ def test_tokenize_and_detokenize(plait_server: Runtime) -> None:
     assert "".join(tok["token_strs"]).endswith("fox") and tok["max_model_len"] > 0
     back = httpx.post(url + "/detokenize", json={"model": MODEL, "tokens": tok["tokens"]}).json()
     assert back["prompt"].endswith(prompt)
-    messages = [{"role": "user", "content": "hello there"}]
-    chat = httpx.post(url + "/tokenize", json={"messages": messages}).json()
-    body = {"model": MODEL, "messages": messages, "max_tokens": 1}
+    messages = chat_body()["messages"]
+    chat = httpx.post(url + "/tokenize", json=chat_body()).json()
+    body = {"model": MODEL, "max_tokens": 1, **chat_body()}
     used = httpx.post(url + "/v1/chat/completions", json=body, timeout=60).json()["usage"]
-    assert chat["count"] == used["prompt_tokens"]
+    assert chat["count"] == used["prompt_tokens"]  # tools and earlier calls counted alike
+    no_prompt = httpx.post(url + "/tokenize", json={**chat_body(), "add_generation_prompt": False})
+    assert no_prompt.json()["count"] < chat["count"]
     for path, bad, param in [
+        ("/tokenize", {"messages": []}, "messages"),
         ("/tokenize", {"prompt": "a", "messages": messages}, "prompt"),
         ("/tokenize", {"prompt": "a", "model": "other"}, "model"),
         ("/detokenize", {"tokens": [1, -5]}, "tokens"),
@@ -290,3 +301,38 @@ def test_tokenize_and_detokenize(plait_server: Runtime) -> None:
     ]:
         r = httpx.post(url + path, json=bad)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, (path, r.text)
+
+
+def chat_body() -> dict[str, Any]:
+    """A conversation with a tool, an earlier call and its result."""
+    call = {"name": "clock", "arguments": '{"zone": "UTC"}'}
+    tool = {"type": "function", "function": {"name": "clock", "parameters": {"type": "object"}}}
+    messages = [
+        {"role": "user", "content": "hello there"},
+        {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function", "function": call}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "12:00"},
+    ]
+    return {"messages": messages, "tools": [tool]}
+
+
+def test_streamed_chat_keeps_every_logprob(client: openai.OpenAI) -> None:
+    args: dict[str, Any] = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "count"}],
+        "max_tokens": 20,
+        "temperature": 0,
+        "logprobs": True,
+        "stop": ["qqqqqqqqqqqq"],  # never matches, but holds text back while streaming
+        "extra_body": {"ignore_eos": True},
+    }
+    whole = client.chat.completions.create(**args)
+    chunks = list(client.chat.completions.create(stream=True, **args))
+    streamed = [
+        t
+        for c in chunks
+        if c.choices and c.choices[0].logprobs
+        for t in c.choices[0].logprobs.content or []
+    ]
+    assert len(streamed) == len(whole.choices[0].logprobs.content or []) == 20
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content

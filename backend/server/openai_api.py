@@ -13,6 +13,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from plait.backend.sampling_params import CONSTRAINT_FIELDS
 from plait.backend.server.openai_format import (
     chat_chunks,
     chat_response,
@@ -22,6 +23,7 @@ from plait.backend.server.openai_format import (
 from plait.backend.server.protocol import (
     ApiError,
     ChatCompletionRequest,
+    ChatMessage,
     CompletionRequest,
     DetokenizeRequest,
     OpenAISampling,
@@ -37,7 +39,12 @@ from plait.backend.server.serving import (
     open_stream,
     sse,
 )
-from plait.backend.server.tool_calls import plan_tools, structural_tag, template_messages
+from plait.backend.server.tool_calls import (
+    ToolPlan,
+    plan_tools,
+    structural_tag,
+    template_messages,
+)
 
 DEFAULT_COMPLETION_TOKENS = 16
 
@@ -83,8 +90,12 @@ class OpenAIApi:
         if (body.prompt is None) == (body.messages is None):
             raise ApiError(400, "prompt: give prompt or messages, not both", param="prompt")
         if body.messages is not None:
-            messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-            ids = ctx.engine.tokenizer_manager.chat_ids(messages)
+            functions = tuple(t.function for t in body.tools or ())
+            plan = ToolPlan(functions, required=False, parallel=True)
+            ids = render_chat(
+                ctx, body.messages, plan if body.tools else None,
+                add_generation_prompt=body.add_generation_prompt,
+            )  # fmt: skip
         else:
             tokens = ctx.engine.tokenizer.encode(
                 body.prompt, add_special_tokens=body.add_special_tokens
@@ -96,7 +107,7 @@ class OpenAIApi:
             "tokens": ids,
         }
         if body.return_token_strs:
-            out["token_strs"] = [ctx.token_text(t) for t in ids]
+            out["token_strs"] = ctx.engine.tokenizer.convert_ids_to_tokens(ids)
         return out
 
     async def detokenize(self, body: DetokenizeRequest) -> dict[str, Any]:
@@ -164,7 +175,15 @@ def sampling_fields(req: OpenAISampling, max_tokens: int) -> dict[str, Any]:
         "regex": req.regex,
         "ebnf": req.ebnf,
     }
-    return {**fields, **format_fields(req.response_format), **vllm_fields(req)}
+    for more in (format_fields(req.response_format), vllm_fields(req)):
+        clash = sorted(k for k in more if fields.get(k) is not None)
+        if clash:
+            raise ApiError(
+                400, f"{clash[0]}: the same constraint is given twice (directly, through "
+                "response_format or through vLLM's fields)", param=clash[0],
+            )  # fmt: skip
+        fields.update(more)
+    return fields
 
 
 def vllm_fields(req: OpenAISampling) -> dict[str, Any]:
@@ -192,6 +211,11 @@ def vllm_fields(req: OpenAISampling) -> dict[str, Any]:
             "structural_tag": so.structural_tag,
         }
         given = {k: v for k, v in modern.items() if v is not None}
+        if not given:
+            raise ApiError(
+                400, "structured_outputs: needs one of json, regex, choice, grammar, "
+                "json_object, structural_tag", param="structured_outputs",
+            )  # fmt: skip
     if isinstance(given.get("json_schema"), dict):
         given["json_schema"] = json.dumps(given["json_schema"])
     return given
@@ -261,6 +285,8 @@ def chat_jobs(ctx: ServerContext, req: ChatCompletionRequest) -> list[Job]:
     check_lengths(ctx, len(ids), max_new=max_tokens, prompt_field="messages", max_field=field)
     fields = sampling_fields(req, max_tokens)
     if plan is not None:
+        if any(fields.get(name) not in (None, False) for name in CONSTRAINT_FIELDS):
+            raise ApiError(400, "tools: cannot be combined with a constraint", param="tools")
         fields["structural_tag"] = json.dumps(structural_tag(plan))
     if req.logprobs:
         fields.update(return_logprob=True, top_logprobs_num=req.top_logprobs or 0)
@@ -269,10 +295,21 @@ def chat_jobs(ctx: ServerContext, req: ChatCompletionRequest) -> list[Job]:
 
 def chat_prompt(ctx: ServerContext, req: ChatCompletionRequest) -> list[int]:
     """Token ids of the conversation through the tokenizer's chat template."""
+    return render_chat(ctx, req.messages, plan_tools(req), **(req.chat_template_kwargs or {}))
+
+
+def render_chat(
+    ctx: ServerContext,
+    messages: list[ChatMessage],
+    plan: ToolPlan | None,
+    **template_kwargs: Any,
+) -> list[int]:
+    """Token ids of `messages` (and the tools of `plan`) through the chat template."""
+    if not messages:
+        raise ApiError(400, "messages: must not be empty", param="messages")
     template = str(getattr(ctx.engine.tokenizer, "chat_template", None) or "")
-    messages, extra = template_messages(req.messages, plan_tools(req), template=template)
-    kwargs = {**extra, **(req.chat_template_kwargs or {})}
+    rendered, extra = template_messages(messages, plan, template=template)
     try:
-        return ctx.engine.tokenizer_manager.chat_ids(messages, **kwargs)
+        return ctx.engine.tokenizer_manager.chat_ids(rendered, **{**extra, **template_kwargs})
     except Exception as exc:  # noqa: BLE001 - template errors are the request's fault
         raise ApiError(400, f"messages: chat template failed: {exc}", param="messages") from exc

@@ -233,11 +233,12 @@ async def chat_chunks(
                 continue
             delta: dict[str, Any] = {"role": "assistant"} if first else {}
             delta["content"], calls = _chat_delta(streams.get(index), item)
-            if not (first or delta["content"] or calls or item["finish_reason"]):
+            logprobs = _chat_logprobs_of(ctx, req, item=item)
+            tokens = bool(logprobs and logprobs["content"])
+            if not (first or delta["content"] or calls or item["finish_reason"] or tokens):
                 continue  # text held back while a tool call may be starting
             if calls:
                 delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(calls)]
-            logprobs = _chat_logprobs_of(ctx, req, item=item)
             choice = {"index": index, "delta": delta, "logprobs": logprobs}
             yield writer.chunk({**choice, "finish_reason": _chat_finish(item, calls)})
     final = writer.final(jobs)

@@ -224,7 +224,9 @@ class TokenizeRequest(BaseModel):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
+    tools: list[ToolDef] | None = None
     add_special_tokens: bool = True
+    add_generation_prompt: bool = True
     return_token_strs: bool = False
 
 
