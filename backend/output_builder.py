@@ -65,7 +65,8 @@ class OutputBuilder:
         if not (params.stop or params.stop_regex):
             return None
         ids = req.output_ids
-        window = window_chars(params.stop, params.stop_regex) + STOP_TAIL_EXTRA_TOKENS
+        # A character can take up to 4 byte-level tokens.
+        window = 4 * window_chars(params.stop, params.stop_regex) + STOP_TAIL_EXTRA_TOKENS
         if len(ids) <= window + CONTEXT_TOKENS:
             return Tail(self.decode(ids))
         context = ids[-(window + CONTEXT_TOKENS) : -window]
