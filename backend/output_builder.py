@@ -59,14 +59,16 @@ class OutputBuilder:
             req.logprobs.output_top.append(_topk(logprobs, req.params.top_logprobs_num))
 
     # --- stop strings -----------------------------------------------------------------
-    def tail(self, req: Req) -> Tail | None:
-        """The end of the output that can hold a new stop, after a few tokens of context."""
+    def tail(self, req: Req, *, new_tokens: int = 1) -> Tail | None:
+        """The end of the output that can hold a stop ending in its last `new_tokens` tokens,
+        after a few tokens of context."""
         params = req.params
         if not (params.stop or params.stop_regex):
             return None
         ids = req.output_ids
         # A character can take up to 4 byte-level tokens.
         window = 4 * window_chars(params.stop, params.stop_regex) + STOP_TAIL_EXTRA_TOKENS
+        window += new_tokens - 1
         if len(ids) <= window + CONTEXT_TOKENS:
             return Tail(self.decode(ids))
         context = ids[-(window + CONTEXT_TOKENS) : -window]

@@ -367,13 +367,15 @@ class Scheduler:
         max_rollback = min(len(req.output_ids), req.kv_len - req.cached_len + 1)
         before = len(req.output_ids)
         removed = self.grammar.jump_forward(req, max_rollback)
+        kept = before - removed
         if removed:
-            kept = before - removed
             self.kv.truncate(req, min(req.kv_len, req.prompt_len + kept))
             if req.sent_len > kept:
                 req.rollback += req.sent_len - kept
                 req.sent_len = kept
-        req.check_finished(context_len=self.runner.context_len, tail=None)
+        forced = len(req.output_ids) - kept  # stops may lie in the forced text too
+        tail = self.outputs.tail(req, new_tokens=forced) if forced > 0 else None
+        req.check_finished(context_len=self.runner.context_len, tail=tail)
 
     def _retire(self, batch: list[Req]) -> list[ReqOutput]:
         out: list[ReqOutput] = []

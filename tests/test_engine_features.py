@@ -117,6 +117,16 @@ def test_stop_regex_and_no_stop_trim(engine: Engine) -> None:
             engine.generate("Stops", greedy(3, stop_regex=bad))
 
 
+@pytest.mark.parametrize("jump", [True, False])
+def test_a_stop_inside_forced_text_still_stops(engine: Engine, jump: bool) -> None:
+    # The regex forces the whole text: with jump-forward it arrives in one step.
+    for stops in ({"stop": ["STOP"]}, {"stop_regex": ["S.OP"]}):
+        params = {"max_new_tokens": 40, "regex": "abcSTOPdefghijklmnop", "jump_forward": jump}
+        out = engine.generate("x", {**params, **stops, "seed": 1})
+        matched = next(iter(stops.values()))[0]
+        assert out["text"] == "abc" and out["finish_reason"] == {"type": "stop", "matched": matched}
+
+
 def test_a_stop_regex_that_runs_out_of_time_fails_only_its_request(
     engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
