@@ -296,6 +296,6 @@ def make_grammar(
     token_bytes = list(info.decoded_vocab)
     retokenizer = Retokenizer(token_bytes=token_bytes, encode=make_encoder(tokenizer))
     pin = config.device != "cpu" and torch.cuda.is_available()
-    if config.device == "cpu" or not torch.cuda.is_available():
+    if not pin:  # masks are applied on the CPU
         prepare_cpu_kernel()  # built once per machine (cached), so no request waits for it
     return XGrammarBackend(config=config, info=info, retokenizer=retokenizer, pin=pin)

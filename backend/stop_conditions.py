@@ -65,7 +65,8 @@ def check_stop_regexes(patterns: tuple[str, ...]) -> None:
             compiled = regex.compile(pattern)
         except Exception as exc:  # noqa: BLE001 - regex.error, OverflowError, RecursionError
             raise ValueError(f"stop_regex[{i}] is not a valid regular expression: {exc}") from None
-        if _min_width(pattern) == 0 or compiled.search("") is not None:
+        widths = _widths(pattern)
+        if (widths is not None and widths[0] == 0) or compiled.search("") is not None:
             raise ValueError(f"stop_regex[{i}] {pattern!r} can match the empty string")
 
 
@@ -87,13 +88,12 @@ def first_stop(tail: Tail, strings: tuple[str, ...], regexes: tuple[str, ...]) -
     return min(found, key=lambda m: (m.start, -m.end)) if found else None
 
 
-@functools.lru_cache(maxsize=1024)  # asked after every token of every request with stops
 def regex_width(pattern: str) -> int:
     """Characters a match and the lookaround it needs can span (`UNBOUNDED_CHARS` at most)."""
-    try:
-        width = int(_sre_parse.parse(pattern).getwidth()[1])
-    except Exception:  # noqa: BLE001 - unparsable: assume the largest
+    widths = _widths(pattern)
+    if widths is None:  # unparsable by `re`: assume the largest
         return UNBOUNDED_CHARS
+    width = widths[1]
     if "(?=" in pattern or "(?!" in pattern:
         width += LOOKAROUND_CHARS
     return min(width, UNBOUNDED_CHARS)
@@ -109,9 +109,12 @@ def hold_back_chars(strings: tuple[str, ...], regexes: tuple[str, ...]) -> int:
     return max(window_chars(strings, regexes) - 1, 0)
 
 
-def _min_width(pattern: str) -> int | None:
-    """The shortest text `pattern` matches, or None if `re`'s parser cannot tell."""
+@functools.lru_cache(maxsize=1024)  # asked after every token of every request with stops
+def _widths(pattern: str) -> tuple[int, int] | None:
+    """The shortest and longest text `pattern` matches, or None if `re`'s parser cannot tell
+    (syntax only the regex package knows)."""
     try:
-        return int(_sre_parse.parse(pattern).getwidth()[0])
-    except Exception:  # noqa: BLE001 - syntax only the regex package knows
+        low, high = _sre_parse.parse(pattern).getwidth()
+    except Exception:  # noqa: BLE001 - any parser failure means "cannot tell"
         return None
+    return int(low), int(high)

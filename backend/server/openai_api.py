@@ -158,7 +158,7 @@ def sampling_fields(req: OpenAISampling, max_tokens: int) -> dict[str, Any]:
         "temperature": req.temperature,
         "top_p": req.top_p,
         "n": req.n,
-        "stop": [req.stop] if isinstance(req.stop, str) else req.stop,
+        "stop": req.stop,  # a string or a list: SamplingParams.from_dict takes both
         "seed": req.seed,
         "presence_penalty": req.presence_penalty,
         "frequency_penalty": req.frequency_penalty,
@@ -170,7 +170,7 @@ def sampling_fields(req: OpenAISampling, max_tokens: int) -> dict[str, Any]:
         "ignore_eos": req.ignore_eos,
         "skip_special_tokens": req.skip_special_tokens,
         "stop_token_ids": req.stop_token_ids,
-        "stop_regex": [req.stop_regex] if isinstance(req.stop_regex, str) else req.stop_regex,
+        "stop_regex": req.stop_regex,
         "no_stop_trim": req.no_stop_trim,
         "regex": req.regex,
         "ebnf": req.ebnf,
@@ -216,9 +216,7 @@ def vllm_fields(req: OpenAISampling) -> dict[str, Any]:
                 400, "structured_outputs: needs one of json, regex, choice, grammar, "
                 "json_object, structural_tag", param="structured_outputs",
             )  # fmt: skip
-    if isinstance(given.get("json_schema"), dict):
-        given["json_schema"] = json.dumps(given["json_schema"])
-    return given
+    return given  # dict schemas and tags become JSON text in SamplingParams.from_dict
 
 
 def format_fields(fmt: ResponseFormat | None) -> dict[str, Any]:
@@ -231,7 +229,7 @@ def format_fields(fmt: ResponseFormat | None) -> dict[str, Any]:
         tag = fmt.model_dump(
             include={"type", "structures", "triggers", "format"}, exclude_none=True
         )
-        return {"structural_tag": json.dumps(tag)}
+        return {"structural_tag": tag}
     if fmt.json_schema is None or fmt.json_schema.schema_ is None:
         raise ApiError(
             400, "response_format.json_schema.schema: required for type json_schema",
@@ -277,7 +275,7 @@ def chat_jobs(ctx: ServerContext, req: ChatCompletionRequest) -> list[Job]:
     plan = plan_tools(req)
     if req.top_logprobs and not req.logprobs:
         raise ApiError(400, "top_logprobs: requires logprobs=true", param="top_logprobs")
-    ids = chat_prompt(ctx, req)
+    ids = render_chat(ctx, req.messages, plan, **(req.chat_template_kwargs or {}))
     field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     max_tokens = req.max_completion_tokens if field == "max_completion_tokens" else req.max_tokens
     if max_tokens is None:
@@ -287,15 +285,10 @@ def chat_jobs(ctx: ServerContext, req: ChatCompletionRequest) -> list[Job]:
     if plan is not None:
         if any(fields.get(name) not in (None, False) for name in CONSTRAINT_FIELDS):
             raise ApiError(400, "tools: cannot be combined with a constraint", param="tools")
-        fields["structural_tag"] = json.dumps(structural_tag(plan))
+        fields["structural_tag"] = structural_tag(plan)
     if req.logprobs:
         fields.update(return_logprob=True, top_logprobs_num=req.top_logprobs or 0)
     return [Job(ids, make_params(fields))]
-
-
-def chat_prompt(ctx: ServerContext, req: ChatCompletionRequest) -> list[int]:
-    """Token ids of the conversation through the tokenizer's chat template."""
-    return render_chat(ctx, req.messages, plan_tools(req), **(req.chat_template_kwargs or {}))
 
 
 def render_chat(
