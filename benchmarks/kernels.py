@@ -33,6 +33,7 @@ from plait.kernels import (
     top_k_top_p_sample,
 )
 from plait.kernels.bitmask import apply_token_bitmask_torch
+from plait.kernels.decode_attention import paged_decode_attention_torch
 
 RESULTS = Path(__file__).resolve().parent / "results" / "kernels.json"
 
@@ -159,8 +160,15 @@ def bench_decode(bench: Bench, quick: bool) -> None:
         "dispatch": lambda: paged_decode_attention(*args, scale=d**-0.5),
         "torch": lambda: paged_decode_attention(*args, scale=d**-0.5, impl="torch"),
     }
+    ref = "torch"
+    if dev.type == "cpu":  # dispatch runs the C kernel; compare it with the gathering path
+        impls["torch gather"] = lambda: paged_decode_attention_torch(
+            *args, scale=d**-0.5, native=False
+        )
+        del impls["torch"]
+        ref = "torch gather"
     case = f"B={b} ctx={ctx} Hq={hq} Hkv={hkv} D={d} {str(dtype)[6:]}"
-    bench.run("paged_decode_attention", case, nbytes, impls, "torch")
+    bench.run("paged_decode_attention", case, nbytes, impls, ref)
 
 
 def bench_extend(bench: Bench, quick: bool) -> None:

@@ -4,9 +4,12 @@ gathering strategy behind its torch path."""
 
 from __future__ import annotations
 
+import ctypes
+
 import torch
 
 from ._attn_common import gather_slots
+from ._native import load_native
 
 # Upper bound on the fp32 K (or V) elements the torch path gathers at once (2 MiB): small
 # temporaries stay in cache and are reused by the allocator; large ones fault in fresh pages
@@ -27,9 +30,15 @@ def grouped_decode(
     *,
     scale: float,
     with_lse: bool = False,
+    native: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """fp32 attention of each query over its positions [start, seq), in length-sorted groups;
-    with ``with_lse`` also the log-sum-exp of the scores ([B, Hq], -inf where empty)."""
+    """fp32 attention of each query over its positions [start, seq); with ``with_lse`` also
+    the log-sum-exp of the scores ([B, Hq], -inf where empty). The C kernel when ``native``
+    and it can run, else torch in length-sorted groups."""
+    if native:
+        got = native_decode(q, k_pool, v_pool, req_to_token, req_slots, seq, start, scale=scale)
+        if got is not None:
+            return got[0], got[1] if with_lse else None
     b, hq, d = q.shape
     out = torch.zeros(b, hq, d, dtype=torch.float32, device=q.device)
     lse = torch.full((b, hq), float("-inf"), device=q.device) if with_lse else None
@@ -57,6 +66,54 @@ def grouped_decode(
             if lse is not None and group_lse is not None:
                 lse[idx] = group_lse
         lo = hi
+    return out, lse
+
+
+_NATIVE_POOL_DTYPES = {torch.float32: "plait_decode_f32", torch.bfloat16: "plait_decode_bf16"}
+
+
+def native_decode(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_slots: torch.Tensor,
+    seq: torch.Tensor,
+    start: torch.Tensor,
+    *,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """fp32 output [B, Hq, D] and log-sum-exp [B, Hq] from the C kernel
+    ``csrc/decode_attention_cpu.c``, which reads the pool's rows in place; None when it cannot
+    run (no compiler, a pool dtype other than fp32/bf16, a non-contiguous pool)."""
+    name = _NATIVE_POOL_DTYPES.get(k_pool.dtype)
+    supported = (
+        name is not None
+        and q.device.type == "cpu"
+        and v_pool.dtype == k_pool.dtype
+        and k_pool.is_contiguous()
+        and v_pool.is_contiguous()
+        and req_to_token.dtype == torch.int32
+        and req_to_token.stride(-1) == 1
+    )
+    lib = load_native("decode_attention_cpu") if supported else None
+    if lib is None or name is None:
+        return None
+    b, hq, d = q.shape
+    qf = q.to(torch.float32).contiguous()
+    out = torch.empty(b, hq, d, dtype=torch.float32)
+    lse = torch.empty(b, hq, dtype=torch.float32)
+    longs = [t.to(torch.int64).contiguous() for t in (req_slots, start, seq)]
+    status = getattr(lib, name)(
+        *(ctypes.c_void_p(t.data_ptr()) for t in (qf, k_pool, v_pool, req_to_token, *longs)),
+        ctypes.c_int64(req_to_token.stride(0)),
+        *(ctypes.c_int64(n) for n in (b, hq, k_pool.shape[1], d)),
+        ctypes.c_float(scale),
+        ctypes.c_void_p(out.data_ptr()),
+        ctypes.c_void_p(lse.data_ptr()),
+    )
+    if status != 0:
+        raise MemoryError("decode attention: cannot allocate the score buffer")
     return out, lse
 
 

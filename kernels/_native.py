@@ -22,7 +22,8 @@ import warnings
 from pathlib import Path
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-CFLAGS = ("-O3", "-shared", "-fPIC", "-std=c99")
+CFLAGS = ("-O3", "-shared", "-fPIC", "-std=c99", "-fopenmp-simd")
+LIBS = ("-lm",)
 
 
 def cache_dir() -> Path:
@@ -37,7 +38,7 @@ def build_library(source: Path, *, cc: str, out_dir: Path) -> Path:
     Raises RuntimeError with the compiler's message when the build fails.
     """
     text = source.read_bytes()
-    key = hashlib.sha256(text + " ".join((cc, *CFLAGS)).encode()).hexdigest()[:16]
+    key = hashlib.sha256(text + " ".join((cc, *CFLAGS, *LIBS)).encode()).hexdigest()[:16]
     target = out_dir / f"{source.stem}-{key}-{platform.machine()}.so"
     if target.exists():
         return target
@@ -45,7 +46,7 @@ def build_library(source: Path, *, cc: str, out_dir: Path) -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
     os.close(fd)
     try:
-        cmd = [*shlex.split(cc), *CFLAGS, "-o", tmp, str(source)]
+        cmd = [*shlex.split(cc), *CFLAGS, "-o", tmp, str(source), *LIBS]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         if proc.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed: {proc.stderr.strip()[:2000]}")

@@ -86,16 +86,19 @@ def paged_decode_attention_torch(
     *,
     scale: float,
     sliding_window: int | None = None,
+    native: bool = True,
 ) -> torch.Tensor:
-    """Reference / CPU path: gather each request's K/V window, batched fp32 matmuls.
-
-    Requests are taken in order of length, a few at a time, and each group is padded only to
-    its own longest window and kept small enough to stay in cache (large temporaries cost
-    page faults on every step).
+    """CPU path and reference. With ``native`` (and an fp32/bf16 pool on the CPU) the C kernel
+    ``csrc/decode_attention_cpu.c`` reads each request's K/V rows in place. Otherwise each
+    request's K/V window is gathered for batched fp32 matmuls: requests are taken in order of
+    length, a few at a time, and each group is padded only to its own longest window and kept
+    small enough to stay in cache (large temporaries cost page faults on every step).
     """
     seq = seq_lens.long()
     start = (seq - sliding_window).clamp(min=0) if sliding_window else torch.zeros_like(seq)
-    out, _ = grouped_decode(q, k_pool, v_pool, req_to_token, req_slots, seq, start, scale=scale)
+    out, _ = grouped_decode(
+        q, k_pool, v_pool, req_to_token, req_slots, seq, start, scale=scale, native=native
+    )
     return out.to(q.dtype)
 
 

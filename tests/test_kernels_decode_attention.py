@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+import plait.kernels._decode_cpu as decode_cpu
 from plait.kernels import paged_decode_attention
+from plait.kernels._native import load_native
 from plait.kernels.decode_attention import paged_decode_attention_triton
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -30,6 +32,17 @@ def make_case(seq_lens: list[int], hq: int, hkv: int, d: int, dtype: torch.dtype
         used += n
     q = torch.randn(b, hq, d, generator=g).to(dtype)
     return q, k_pool, v_pool, req_to_token, req_slots, torch.tensor(seq_lens)
+
+
+@pytest.fixture(params=["native", "torch"])
+def cpu_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a CPU test through the C kernel (csrc/decode_attention_cpu.c) and through the
+    grouped torch path it falls back to."""
+    if request.param == "torch":
+        monkeypatch.setattr(decode_cpu, "load_native", lambda name: None)
+    else:
+        assert load_native("decode_attention_cpu") is not None  # the C kernel really runs
+    return str(request.param)
 
 
 def naive_decode(q, k_pool, v_pool, req_to_token, req_slots, seq_lens, scale, window=None):
@@ -77,14 +90,14 @@ def test_triton_sliding_window(dtype: torch.dtype, window: int) -> None:
 
 @pytest.mark.parametrize("window", [None, 7])
 @pytest.mark.parametrize(("hq", "hkv"), [(2, 2), (8, 2), (8, 1)])
-def test_torch_matches_naive(window: int | None, hq: int, hkv: int) -> None:
+def test_torch_matches_naive(window: int | None, hq: int, hkv: int, cpu_path: str) -> None:
     case = make_case([1, 5, 33, 70], hq, hkv, 16, torch.float32, seed=hq * 3 + hkv)
     out = paged_decode_attention(*case, scale=0.3, sliding_window=window)
     want = naive_decode(*case, scale=0.3, window=window)
     torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5)
 
 
-def test_zero_length_and_empty_batch() -> None:
+def test_zero_length_and_empty_batch(cpu_path: str) -> None:
     q, k_pool, v_pool, r2t, req_slots, _ = make_case([3, 4], 4, 2, 16, torch.float32)
     seq_lens = torch.tensor([0, 4])
     for impl in ("torch", "triton"):
@@ -138,7 +151,7 @@ def test_input_checks() -> None:
 
 
 @pytest.mark.parametrize(("hq", "hkv", "prefix"), [(8, 2, 5), (4, 4, 33), (8, 1, 1)])
-def test_shared_prefix_path_matches_naive(hq: int, hkv: int, prefix: int) -> None:
+def test_shared_prefix_path_matches_naive(hq: int, hkv: int, prefix: int, cpu_path: str) -> None:
     """Requests whose first `prefix` positions share slots: the cascade path is exact."""
     q, k_pool, v_pool, r2t, req_slots, seq_lens = make_case(
         [40, 33, 70, 35], hq, hkv, 16, torch.float32
@@ -155,7 +168,7 @@ def test_shared_prefix_path_matches_naive(hq: int, hkv: int, prefix: int) -> Non
     torch.testing.assert_close(out, plain, atol=1e-5, rtol=1e-5)
 
 
-def test_torch_path_groups_mixed_lengths() -> None:
+def test_torch_path_groups_mixed_lengths(cpu_path: str) -> None:
     """Enough requests of mixed lengths that the torch path splits them into several
     length-sorted groups (including empty and single-token ones); order is preserved."""
     g = torch.Generator().manual_seed(5)
@@ -167,7 +180,7 @@ def test_torch_path_groups_mixed_lengths() -> None:
     torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5)
 
 
-def test_shared_prefix_with_empty_suffixes_and_many_groups() -> None:
+def test_shared_prefix_with_empty_suffixes_and_many_groups(cpu_path: str) -> None:
     lens = [64] * 3 + [64 + 37 * i for i in range(1, 30)]
     q, k_pool, v_pool, r2t, req_slots, seq_lens = make_case(lens, 8, 2, 64, torch.float32)
     shared = r2t[req_slots[0], :64].clone()
@@ -178,3 +191,39 @@ def test_shared_prefix_with_empty_suffixes_and_many_groups() -> None:
     )
     want = naive_decode(q, k_pool, v_pool, r2t, req_slots, seq_lens, scale=0.125)
     torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("hq", "hkv", "d"), [(8, 4, 64), (6, 3, 80), (16, 2, 128)])
+def test_native_matches_naive(dtype: torch.dtype, hq: int, hkv: int, d: int) -> None:
+    """The C kernel against float64 math over the same (rounded) pool, with its log-sum-exp."""
+    case = make_case([0, 1, 2, 63, 129, 777], hq, hkv, d, dtype, seed=hq * d)
+    q, k_pool, v_pool, r2t, req_slots, seq = case
+    start = torch.tensor([0, 0, 1, 10, 0, 700])
+    got = decode_cpu.native_decode(q, k_pool, v_pool, r2t, req_slots, seq, start, scale=0.1)
+    assert got is not None
+    out, lse = got
+    for i in range(len(seq)):
+        n, s0 = int(seq[i]), int(start[i])
+        slots = r2t[req_slots[i], s0:n].long()
+        if n <= s0:
+            assert torch.equal(out[i], torch.zeros_like(out[i]))
+            assert torch.isinf(lse[i]).all() and (lse[i] < 0).all()
+            continue
+        group = hq // hkv
+        k = k_pool[slots].double().repeat_interleave(group, dim=1)  # [n, hq, d]
+        v = v_pool[slots].double().repeat_interleave(group, dim=1)
+        scores = torch.einsum("hd,nhd->hn", q[i].double(), k) * 0.1
+        want = torch.einsum("hn,nhd->hd", torch.softmax(scores, -1), v)
+        torch.testing.assert_close(out[i].double(), want, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(lse[i].double(), torch.logsumexp(scores, -1), atol=1e-5, rtol=0)
+
+
+def test_native_declines_fp16_pools() -> None:
+    """The C kernel reads fp32 and bf16 pools; fp16 goes to the torch path and still agrees."""
+    q, k_pool, v_pool, r2t, req_slots, seq = make_case([5, 40], 4, 2, 16, torch.float16)
+    start = torch.zeros_like(seq)
+    assert decode_cpu.native_decode(q, k_pool, v_pool, r2t, req_slots, seq, start, scale=1) is None
+    out = paged_decode_attention(q, k_pool, v_pool, r2t, req_slots, seq, scale=1.0)
+    want = naive_decode(q, k_pool, v_pool, r2t, req_slots, seq, scale=1.0)
+    torch.testing.assert_close(out.double(), want, atol=2e-3, rtol=2e-3)
