@@ -63,8 +63,13 @@ class TokenToKVPool:
         self.num_pages = num_tokens // page_size
         self.size = self.num_pages * page_size
         shape = (num_layers, self.size + page_size, num_kv_heads, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        # Slots are written before they are read, except page 0 (the dummy that padded
+        # positions point at): only it is zeroed, so a large CPU pool costs no memset and its
+        # memory is committed as it fills.
+        self.k = torch.empty(shape, dtype=dtype, device=device)
+        self.v = torch.empty(shape, dtype=dtype, device=device)
+        self.k[:, :page_size].zero_()
+        self.v[:, :page_size].zero_()
         self.device = device
         self._free_pages = torch.arange(1, self.num_pages + 1, dtype=torch.int64)
 
