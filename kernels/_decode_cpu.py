@@ -100,6 +100,7 @@ def native_decode(
     if lib is None or name is None:
         return None
     b, hq, d = q.shape
+    _check_bounds(req_to_token, req_slots, seq, start)
     qf = q.to(torch.float32).contiguous()
     out = torch.empty(b, hq, d, dtype=torch.float32)
     lse = torch.empty(b, hq, dtype=torch.float32)
@@ -107,14 +108,28 @@ def native_decode(
     status = getattr(lib, name)(
         *(ctypes.c_void_p(t.data_ptr()) for t in (qf, k_pool, v_pool, req_to_token, *longs)),
         ctypes.c_int64(req_to_token.stride(0)),
+        ctypes.c_int64(k_pool.shape[0]),
         *(ctypes.c_int64(n) for n in (b, hq, k_pool.shape[1], d)),
         ctypes.c_float(scale),
         ctypes.c_void_p(out.data_ptr()),
         ctypes.c_void_p(lse.data_ptr()),
     )
+    if status == -2:
+        raise ValueError(f"req_to_token holds a KV slot outside the pool (size {k_pool.shape[0]})")
     if status != 0:
         raise MemoryError("decode attention: cannot allocate the score buffer")
     return out, lse
+
+
+def _check_bounds(
+    req_to_token: torch.Tensor, req_slots: torch.Tensor, seq: torch.Tensor, start: torch.Tensor
+) -> None:
+    """What the C kernel indexes with must lie inside req_to_token (it reads memory directly)."""
+    rows, width = req_to_token.shape
+    if req_slots.numel() and (int(req_slots.min()) < 0 or int(req_slots.max()) >= rows):
+        raise ValueError(f"req_slots must lie in [0, {rows}), got {req_slots.tolist()}")
+    if seq.numel() and (int(seq.max()) > width or int(start.min()) < 0):
+        raise ValueError(f"positions must lie in [0, {width}]: seq_lens {seq.tolist()}")
 
 
 def _group_end(sorted_spans: list[int], lo: int, *, row_elems: int) -> int:

@@ -227,3 +227,18 @@ def test_native_declines_fp16_pools() -> None:
     out = paged_decode_attention(q, k_pool, v_pool, r2t, req_slots, seq, scale=1.0)
     want = naive_decode(q, k_pool, v_pool, r2t, req_slots, seq, scale=1.0)
     torch.testing.assert_close(out.double(), want, atol=2e-3, rtol=2e-3)
+
+
+def test_native_rejects_out_of_range_indices() -> None:
+    """The C kernel reads memory directly: indices outside the table or pool are errors."""
+    q, k_pool, v_pool, r2t, req_slots, seq = make_case([5, 40], 4, 2, 16, torch.float32)
+    start = torch.zeros_like(seq)
+    args = (q, k_pool, v_pool)
+    with pytest.raises(ValueError, match="req_slots"):
+        decode_cpu.native_decode(*args, r2t, req_slots + 100, seq, start, scale=1.0)
+    with pytest.raises(ValueError, match="positions"):
+        decode_cpu.native_decode(*args, r2t, req_slots, seq + 1000, start, scale=1.0)
+    bad = r2t.clone()
+    bad[req_slots[1], 3] = k_pool.shape[0]
+    with pytest.raises(ValueError, match="outside the pool"):
+        decode_cpu.native_decode(*args, bad, req_slots, seq, start, scale=1.0)

@@ -6,7 +6,7 @@
  * slots' K rows are read once, in position order, for all query heads (scores to a scratch
  * buffer), then the softmax, then the V rows once. Nothing is gathered or copied, so a decode
  * step reads each cached K/V byte once: the torch path gathers the same rows into temporaries
- * first. On x86-64 with GCC the entry points are cloned for AVX-512, AVX2 and the baseline ISA
+ * first. Slot ids outside the pool fail the call (-2) rather than read past it. On x86-64 with GCC the entry points are cloned for AVX-512, AVX2 and the baseline ISA
  * and the loader picks one at run time. */
 #include <math.h>
 #include <stdint.h>
@@ -93,7 +93,8 @@ static inline void softmax_rows(float *scores, int64_t hq, int64_t span, float *
     }                                                                                          \
     PLAIT_CLONES int NAME(const float *q, const T *k, const T *v, const int32_t *table,       \
                           const int64_t *rows, const int64_t *start, const int64_t *seq,       \
-                          int64_t table_stride, int64_t batch, int64_t hq, int64_t hkv,        \
+                          int64_t table_stride, int64_t num_slots, int64_t batch, int64_t hq,  \
+                          int64_t hkv,                                                         \
                           int64_t d, float scale, float *out, float *lse) {                    \
         int64_t max_span = 1;                                                                  \
         for (int64_t b = 0; b < batch; ++b)                                                    \
@@ -109,6 +110,11 @@ static inline void softmax_rows(float *scores, int64_t hq, int64_t span, float *
                 continue;                                                                      \
             }                                                                                  \
             const int32_t *slots = table + rows[b] * table_stride + start[b];                  \
+            for (int64_t t = 0; t < span; ++t)                                                 \
+                if (slots[t] < 0 || slots[t] >= num_slots) {                                   \
+                    free(scores);                                                              \
+                    return -2;                                                                 \
+                }                                                                              \
             NAME##_one(q + b * hq * d, k, v, slots, span, hq, hkv, d, scale, scores, ob, lb);  \
         }                                                                                      \
         free(scores);                                                                          \
