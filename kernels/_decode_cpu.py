@@ -87,9 +87,16 @@ def native_decode(
     ``csrc/decode_attention_cpu.c``, which reads the pool's rows in place; None when it cannot
     run (no compiler, a pool dtype other than fp32/bf16, a non-contiguous pool)."""
     name = _NATIVE_POOL_DTYPES.get(k_pool.dtype)
+    b, hq, d = q.shape
+    hkv = k_pool.shape[1]
+    tensors = (q, k_pool, v_pool, req_to_token, req_slots, seq, start)
     supported = (
         name is not None
-        and q.device.type == "cpu"
+        and all(t.device.type == "cpu" for t in tensors)
+        and 0 < hkv <= hq
+        and hq % hkv == 0
+        and k_pool.shape[2] == d
+        and v_pool.shape == k_pool.shape
         and v_pool.dtype == k_pool.dtype
         and k_pool.is_contiguous()
         and v_pool.is_contiguous()
@@ -99,7 +106,6 @@ def native_decode(
     lib = load_native("decode_attention_cpu") if supported else None
     if lib is None or name is None:
         return None
-    b, hq, d = q.shape
     _check_bounds(req_to_token, req_slots, seq, start)
     qf = q.to(torch.float32).contiguous()
     out = torch.empty(b, hq, d, dtype=torch.float32)
@@ -109,7 +115,7 @@ def native_decode(
         *(ctypes.c_void_p(t.data_ptr()) for t in (qf, k_pool, v_pool, req_to_token, *longs)),
         ctypes.c_int64(req_to_token.stride(0)),
         ctypes.c_int64(k_pool.shape[0]),
-        *(ctypes.c_int64(n) for n in (b, hq, k_pool.shape[1], d)),
+        *(ctypes.c_int64(n) for n in (b, hq, hkv, d)),
         ctypes.c_float(scale),
         ctypes.c_void_p(out.data_ptr()),
         ctypes.c_void_p(lse.data_ptr()),

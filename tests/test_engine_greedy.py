@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 import transformers
@@ -9,6 +11,8 @@ import transformers
 from helpers import greedy, tiny_engine
 from plait.backend.builtin_models import resolve_model_path
 from plait.backend.engine import Engine
+from plait.backend.inprocess import InProcessRuntime
+from plait.backend.kv_pool import TokenToKVPool
 
 NEW_TOKENS = 12
 
@@ -79,3 +83,30 @@ def test_batch_matches_transformers(
         assert batched == hf_reference
         alone = [run_batch(engine, [p])[0] for p in prompts[:4]]
         assert alone == hf_reference[:4]
+
+
+@pytest.mark.parametrize(
+    "config",
+    [{}, {"page_size": 4}, {"chunked_prefill_size": 16, "page_size": 2}],
+    ids=["default", "page4", "chunked16-page2"],
+)
+def test_unwritten_kv_slots_are_never_read(
+    config: dict,
+    prompts: list[list[int]],
+    hf_reference: list[list[int]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The pool is allocated uninitialised (only the dummy page is zeroed): poisoning every
+    other slot with NaN must change nothing, so no path reads a slot before writing it."""
+    original = TokenToKVPool.__init__
+
+    def poisoned(self: TokenToKVPool, **kwargs: Any) -> None:
+        original(self, **kwargs)
+        self.k[:, self.page_size :] = float("nan")
+        self.v[:, self.page_size :] = float("nan")
+
+    monkeypatch.setattr(TokenToKVPool, "__init__", poisoned)
+    with tiny_engine(**config) as engine:
+        assert isinstance(engine.runtime, InProcessRuntime)
+        assert torch.isnan(engine.runtime.runner.kv_pool.k[:, -1]).all()
+        assert run_batch(engine, prompts) == hf_reference

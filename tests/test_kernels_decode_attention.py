@@ -199,7 +199,10 @@ def test_native_matches_naive(dtype: torch.dtype, hq: int, hkv: int, d: int) -> 
     """The C kernel against float64 math over the same (rounded) pool, with its log-sum-exp."""
     case = make_case([0, 1, 2, 63, 129, 777], hq, hkv, d, dtype, seed=hq * d)
     q, k_pool, v_pool, r2t, req_slots, seq = case
-    start = torch.tensor([0, 0, 1, 10, 0, 700])
+    # a table whose row stride is not its width; request 2 starts past its end (empty)
+    r2t = torch.cat([r2t, torch.full((r2t.shape[0], 7), -1, dtype=torch.int32)], 1)[:, :-7]
+    assert r2t.stride(0) != r2t.shape[1]
+    start = torch.tensor([0, 0, 5, 10, 0, 700])
     got = decode_cpu.native_decode(q, k_pool, v_pool, r2t, req_slots, seq, start, scale=0.1)
     assert got is not None
     out, lse = got
@@ -224,6 +227,9 @@ def test_native_declines_fp16_pools() -> None:
     q, k_pool, v_pool, r2t, req_slots, seq = make_case([5, 40], 4, 2, 16, torch.float16)
     start = torch.zeros_like(seq)
     assert decode_cpu.native_decode(q, k_pool, v_pool, r2t, req_slots, seq, start, scale=1) is None
+    # nor shapes it cannot map (more kv heads than query heads)
+    args = (q[:, :1].float(), k_pool.float(), v_pool.float(), r2t, req_slots, seq, start)
+    assert decode_cpu.native_decode(*args, scale=1.0) is None
     out = paged_decode_attention(q, k_pool, v_pool, r2t, req_slots, seq, scale=1.0)
     want = naive_decode(q, k_pool, v_pool, r2t, req_slots, seq, scale=1.0)
     torch.testing.assert_close(out.double(), want, atol=2e-3, rtol=2e-3)

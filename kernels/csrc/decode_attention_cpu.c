@@ -6,22 +6,29 @@
  * slots' K rows are read once, in position order, for all query heads (scores to a scratch
  * buffer), then the softmax, then the V rows once. Nothing is gathered or copied, so a decode
  * step reads each cached K/V byte once: the torch path gathers the same rows into temporaries
- * first. Slot ids outside the pool fail the call (-2) rather than read past it. On x86-64 with GCC the entry points are cloned for AVX-512, AVX2 and the baseline ISA
- * and the loader picks one at run time. */
+ * first. Slot ids outside the pool fail the call (-2) rather than read past it. With GCC 12+
+ * on x86-64 the entry points are cloned for AVX-512, AVX2 and the baseline ISA (the helpers are
+ * inlined into each clone) and the loader picks one at run time. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
 #define PLAIT_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define PLAIT_CLONES
 #endif
+#if defined(__GNUC__)
+#define PLAIT_INLINE static inline __attribute__((always_inline))
+#else
+#define PLAIT_INLINE static inline
+#endif
 
-/* exp(x) for x <= 0 in float: 2^n * e^r with |r| <= ln2/2, degree-7 Taylor (relative error
- * about 1e-8, below float rounding); branch-free so loops over it vectorize. */
-static inline float exp_nonpos(float x) {
+/* exp(x) for x <= 0 in float: 2^n * e^r with |r| <= ln2/2, degree-7 Taylor (within 1e-7
+ * relative, an ulp of expf); branch-free so loops over it vectorize. x <= -87 (scores are never
+ * masked here) gives 1.6e-38 rather than 0. */
+PLAIT_INLINE float exp_nonpos(float x) {
     x = x < -87.0f ? -87.0f : x;
     float n = floorf(x * 1.44269504f + 0.5f);
     float r = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;
@@ -39,20 +46,21 @@ static inline float exp_nonpos(float x) {
     return p * scale;
 }
 
-static inline float bf16_to_f32(uint16_t x) {
+PLAIT_INLINE float bf16_to_f32(uint16_t x) {
     uint32_t bits = (uint32_t)x << 16;
     float f;
     memcpy(&f, &bits, sizeof f);
     return f;
 }
 
-static inline float f32_to_f32(float x) { return x; }
+PLAIT_INLINE float f32_to_f32(float x) { return x; }
 
-/* Softmax of each head's scores in place; returns nothing, writes the log-sum-exp per head. */
-static inline void softmax_rows(float *scores, int64_t hq, int64_t span, float *lse_out) {
+/* Softmax of each head's scores in place; writes the log-sum-exp per head. */
+PLAIT_INLINE void softmax_rows(float *scores, int64_t hq, int64_t span, float *lse_out) {
     for (int64_t h = 0; h < hq; ++h) {
         float *s = scores + h * span, top = s[0], sum = 0.0f;
         for (int64_t t = 1; t < span; ++t) top = s[t] > top ? s[t] : top;
+#pragma omp simd reduction(+ : sum)
         for (int64_t t = 0; t < span; ++t) {
             s[t] = exp_nonpos(s[t] - top);
             sum += s[t];
@@ -63,8 +71,22 @@ static inline void softmax_rows(float *scores, int64_t hq, int64_t span, float *
     }
 }
 
+/* Scratch for the scores, kept per thread and grown as needed (large spans would otherwise
+ * cost a fresh mapping, and its page faults, per layer per step). */
+static float *score_buffer(size_t n) {
+    static __thread float *buf = NULL;
+    static __thread size_t cap = 0;
+    if (n > cap) {
+        float *grown = realloc(buf, sizeof(float) * n);
+        if (grown == NULL) return NULL;
+        buf = grown;
+        cap = n;
+    }
+    return buf;
+}
+
 #define DEFINE_DECODE(NAME, T, LOAD)                                                          \
-    static void NAME##_one(const float *q, const T *k, const T *v, const int32_t *slots,       \
+    PLAIT_INLINE void NAME##_one(const float *q, const T *k, const T *v, const int32_t *slots,       \
                            int64_t span, int64_t hq, int64_t hkv, int64_t d, float scale,     \
                            float *scores, float *out, float *lse) {                           \
         int64_t group = hq / hkv, row = hkv * d;                                               \
@@ -99,7 +121,7 @@ static inline void softmax_rows(float *scores, int64_t hq, int64_t span, float *
         int64_t max_span = 1;                                                                  \
         for (int64_t b = 0; b < batch; ++b)                                                    \
             if (seq[b] - start[b] > max_span) max_span = seq[b] - start[b];                    \
-        float *scores = malloc(sizeof(float) * (size_t)(hq * max_span));                       \
+        float *scores = score_buffer((size_t)(hq * max_span));                                 \
         if (scores == NULL) return -1;                                                         \
         for (int64_t b = 0; b < batch; ++b) {                                                  \
             int64_t span = seq[b] - start[b];                                                  \
@@ -112,12 +134,10 @@ static inline void softmax_rows(float *scores, int64_t hq, int64_t span, float *
             const int32_t *slots = table + rows[b] * table_stride + start[b];                  \
             for (int64_t t = 0; t < span; ++t)                                                 \
                 if (slots[t] < 0 || slots[t] >= num_slots) {                                   \
-                    free(scores);                                                              \
                     return -2;                                                                 \
                 }                                                                              \
             NAME##_one(q + b * hq * d, k, v, slots, span, hq, hkv, d, scale, scores, ob, lb);  \
         }                                                                                      \
-        free(scores);                                                                          \
         return 0;                                                                              \
     }
 
