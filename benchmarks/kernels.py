@@ -134,41 +134,47 @@ def bench_bitmask(bench: Bench, quick: bool) -> None:
 
 
 def paged_case(
-    b: int, ctx: int, hkv: int, d: int, dtype: torch.dtype, dev: torch.device
+    b: int, ctx: int, hkv: int, d: int, dtype: torch.dtype, dev: torch.device, *, shuffled: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A pool holding b requests of ctx tokens; their slots in allocation order, or shuffled
+    (a fragmented pool: the worst case for reading rows)."""
     pool = b * ctx + 1
     k_pool = torch.randn(pool, hkv, d, dtype=dtype, device=dev)
     v_pool = torch.randn(pool, hkv, d, dtype=dtype, device=dev)
-    perm = (torch.randperm(pool - 1) + 1).int()
-    req_to_token = perm.view(b, ctx).to(dev)
+    ids = torch.randperm(pool - 1) if shuffled else torch.arange(pool - 1)
+    req_to_token = (ids + 1).int().view(b, ctx).to(dev)
     return k_pool, v_pool, req_to_token, torch.arange(b, device=dev)
 
 
 def bench_decode(bench: Bench, quick: bool) -> None:
     dev = bench.device
     if dev.type == "cuda":
-        b, ctx, hq, hkv, d, dtype = 64, 4096, 32, 8, 128, torch.bfloat16
-    else:
-        b, ctx, hq, hkv, d, dtype = 8, 512 if quick else 1024, 32, 8, 64, torch.float32
-    k_pool, v_pool, r2t, slots = paged_case(b, ctx, hkv, d, dtype, dev)
-    q = torch.randn(b, hq, d, dtype=dtype, device=dev)
-    lens = torch.full((b,), ctx, device=dev)
-    el = torch.finfo(dtype).bits // 8
-    nbytes = 2 * b * ctx * hkv * d * el + b * ctx * 4 + 2 * q.numel() * el
-    args = (q, k_pool, v_pool, r2t, slots, lens)
-    impls: dict[str, Callable[[], object]] = {
-        "dispatch": lambda: paged_decode_attention(*args, scale=d**-0.5),
-        "torch": lambda: paged_decode_attention(*args, scale=d**-0.5, impl="torch"),
-    }
-    ref = "torch"
-    if dev.type == "cpu":  # dispatch runs the C kernel; compare it with the gathering path
-        impls["torch gather"] = lambda: paged_decode_attention_torch(
-            *args, scale=d**-0.5, native=False
-        )
-        del impls["torch"]
-        ref = "torch gather"
-    case = f"B={b} ctx={ctx} Hq={hq} Hkv={hkv} D={d} {str(dtype)[6:]}"
-    bench.run("paged_decode_attention", case, nbytes, impls, ref)
+        shapes = [(64, 4096, 32, 8, 128, torch.bfloat16, True)]
+    else:  # the second shape: plait-small decoding 32 requests
+        ctx = 512 if quick else 1024
+        shapes = [
+            (8, ctx, 32, 8, 64, torch.float32, True),
+            (32, ctx, 8, 4, 64, torch.float32, False),
+        ]
+    for b, ctx, hq, hkv, d, dtype, shuffled in shapes:
+        k_pool, v_pool, r2t, slots = paged_case(b, ctx, hkv, d, dtype, dev, shuffled=shuffled)
+        q = torch.randn(b, hq, d, dtype=dtype, device=dev)
+        lens = torch.full((b,), ctx, device=dev)
+        el = torch.finfo(dtype).bits // 8
+        nbytes = 2 * b * ctx * hkv * d * el + b * ctx * 4 + 2 * q.numel() * el
+        args = (q, k_pool, v_pool, r2t, slots, lens)
+        impls: dict[str, Callable[[], object]] = {
+            "dispatch": partial(paged_decode_attention, *args, scale=d**-0.5),
+        }
+        if dev.type == "cpu":  # dispatch runs the C kernel; compare it with the gathering path
+            ref = "torch gather"
+            impls[ref] = partial(paged_decode_attention_torch, *args, scale=d**-0.5, native=False)
+        else:
+            ref = "torch"
+            impls[ref] = partial(paged_decode_attention, *args, scale=d**-0.5, impl="torch")
+        order = "shuffled" if shuffled else "in order"
+        case = f"B={b} ctx={ctx} Hq={hq} Hkv={hkv} D={d} {str(dtype)[6:]}, slots {order}"
+        bench.run("paged_decode_attention", case, nbytes, impls, ref)
 
 
 def bench_extend(bench: Bench, quick: bool) -> None:
@@ -177,7 +183,7 @@ def bench_extend(bench: Bench, quick: bool) -> None:
         b, pre, ext, hq, hkv, d, dtype = 8, 1024, 1024, 32, 8, 128, torch.bfloat16
     else:
         b, pre, ext, hq, hkv, d, dtype = 2, 256, 128 if quick else 256, 32, 8, 64, torch.float32
-    k_pool, v_pool, r2t, slots = paged_case(b, pre + ext, hkv, d, dtype, dev)
+    k_pool, v_pool, r2t, slots = paged_case(b, pre + ext, hkv, d, dtype, dev, shuffled=True)
     q = torch.randn(b * ext, hq, d, dtype=dtype, device=dev)
     prefix = torch.full((b,), pre, device=dev)
     extend = torch.full((b,), ext, device=dev)

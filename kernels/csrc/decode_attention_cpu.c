@@ -71,6 +71,19 @@ PLAIT_INLINE void softmax_rows(float *scores, int64_t hq, int64_t span, float *l
     }
 }
 
+/* Slots need not be consecutive (the pool's free list fragments), so the hardware prefetcher
+ * cannot follow them: each row is requested this many tokens before it is read. */
+enum { PREFETCH_AHEAD = 4 };
+
+PLAIT_INLINE void prefetch_row(const void *p, int64_t bytes) {
+#if defined(__GNUC__)
+    for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch((const char *)p + off, 0, 3);
+#else
+    (void)p;
+    (void)bytes;
+#endif
+}
+
 /* Scratch for the scores, kept per thread and grown as needed (large spans would otherwise
  * cost a fresh mapping, and its page faults, per layer per step). */
 static float *score_buffer(size_t n) {
@@ -91,6 +104,8 @@ static float *score_buffer(size_t n) {
                            float *scores, float *out, float *lse) {                           \
         int64_t group = hq / hkv, row = hkv * d;                                               \
         for (int64_t t = 0; t < span; ++t) {                                                   \
+            if (t + PREFETCH_AHEAD < span)                                                     \
+                prefetch_row(k + (int64_t)slots[t + PREFETCH_AHEAD] * row, row * sizeof(T));   \
             const T *kr = k + (int64_t)slots[t] * row;                                         \
             for (int64_t h = 0; h < hq; ++h) {                                                 \
                 const float *qh = q + h * d;                                                   \
@@ -104,6 +119,8 @@ static float *score_buffer(size_t n) {
         softmax_rows(scores, hq, span, lse);                                                   \
         memset(out, 0, sizeof(float) * (size_t)(hq * d));                                      \
         for (int64_t t = 0; t < span; ++t) {                                                   \
+            if (t + PREFETCH_AHEAD < span)                                                     \
+                prefetch_row(v + (int64_t)slots[t + PREFETCH_AHEAD] * row, row * sizeof(T));   \
             const T *vr = v + (int64_t)slots[t] * row;                                         \
             for (int64_t h = 0; h < hq; ++h) {                                                 \
                 float p = scores[h * span + t];                                                \
