@@ -1,15 +1,13 @@
-"""CPU decode attention: length-sorted groups small enough to stay in cache, and the
-shared-prefix cascade. The plain entry points live in ``decode_attention``; this module holds the
-gathering strategy behind its torch path."""
+"""CPU decode attention: the C kernel when it can run, else length-sorted groups small enough
+to stay in cache; and the shared-prefix cascade. The plain entry points live in
+``decode_attention``; this module holds the strategy behind its CPU path."""
 
 from __future__ import annotations
-
-import ctypes
 
 import torch
 
 from ._attn_common import gather_slots
-from ._native import load_native
+from ._decode_native import native_decode
 
 # Upper bound on the fp32 K (or V) elements the torch path gathers at once (2 MiB): small
 # temporaries stay in cache and are reused by the allocator; large ones fault in fresh pages
@@ -67,75 +65,6 @@ def grouped_decode(
                 lse[idx] = group_lse
         lo = hi
     return out, lse
-
-
-_NATIVE_POOL_DTYPES = {torch.float32: "plait_decode_f32", torch.bfloat16: "plait_decode_bf16"}
-
-
-def native_decode(
-    q: torch.Tensor,
-    k_pool: torch.Tensor,
-    v_pool: torch.Tensor,
-    req_to_token: torch.Tensor,
-    req_slots: torch.Tensor,
-    seq: torch.Tensor,
-    start: torch.Tensor,
-    *,
-    scale: float,
-) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """fp32 output [B, Hq, D] and log-sum-exp [B, Hq] from the C kernel
-    ``csrc/decode_attention_cpu.c``, which reads the pool's rows in place; None when it cannot
-    run (no compiler, a pool dtype other than fp32/bf16, a non-contiguous pool)."""
-    name = _NATIVE_POOL_DTYPES.get(k_pool.dtype)
-    b, hq, d = q.shape
-    hkv = k_pool.shape[1]
-    tensors = (q, k_pool, v_pool, req_to_token, req_slots, seq, start)
-    supported = (
-        name is not None
-        and all(t.device.type == "cpu" for t in tensors)
-        and 0 < hkv <= hq
-        and hq % hkv == 0
-        and k_pool.shape[2] == d
-        and v_pool.shape == k_pool.shape
-        and v_pool.dtype == k_pool.dtype
-        and k_pool.is_contiguous()
-        and v_pool.is_contiguous()
-        and req_to_token.dtype == torch.int32
-        and req_to_token.stride(-1) == 1
-    )
-    lib = load_native("decode_attention_cpu") if supported else None
-    if lib is None or name is None:
-        return None
-    _check_bounds(req_to_token, req_slots, seq, start)
-    qf = q.to(torch.float32).contiguous()
-    out = torch.empty(b, hq, d, dtype=torch.float32)
-    lse = torch.empty(b, hq, dtype=torch.float32)
-    longs = [t.to(torch.int64).contiguous() for t in (req_slots, start, seq)]
-    status = getattr(lib, name)(
-        *(ctypes.c_void_p(t.data_ptr()) for t in (qf, k_pool, v_pool, req_to_token, *longs)),
-        ctypes.c_int64(req_to_token.stride(0)),
-        ctypes.c_int64(k_pool.shape[0]),
-        *(ctypes.c_int64(n) for n in (b, hq, hkv, d)),
-        ctypes.c_float(scale),
-        ctypes.c_void_p(out.data_ptr()),
-        ctypes.c_void_p(lse.data_ptr()),
-    )
-    if status == -2:
-        raise ValueError(f"req_to_token holds a KV slot outside the pool (size {k_pool.shape[0]})")
-    if status != 0:
-        raise MemoryError("decode attention: cannot allocate the score buffer")
-    return out, lse
-
-
-def _check_bounds(
-    req_to_token: torch.Tensor, req_slots: torch.Tensor, seq: torch.Tensor, start: torch.Tensor
-) -> None:
-    """What the C kernel indexes with must lie inside req_to_token (it reads memory directly)."""
-    rows, width = req_to_token.shape
-    if req_slots.numel() and (int(req_slots.min()) < 0 or int(req_slots.max()) >= rows):
-        raise ValueError(f"req_slots must lie in [0, {rows}), got {req_slots.tolist()}")
-    if seq.numel() and (int(seq.max()) > width or int(start.min()) < 0):
-        raise ValueError(f"positions must lie in [0, {width}]: seq_lens {seq.tolist()}")
 
 
 def _group_end(sorted_spans: list[int], lo: int, *, row_elems: int) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import plait.kernels._decode_cpu as decode_cpu
+import plait.kernels._decode_native as decode_native
 from plait.kernels import paged_decode_attention
 from plait.kernels._native import load_native
 from plait.kernels.decode_attention import paged_decode_attention_triton
@@ -39,7 +39,7 @@ def cpu_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) ->
     """Run a CPU test through the C kernel (csrc/decode_attention_cpu.c) and through the
     grouped torch path it falls back to."""
     if request.param == "torch":
-        monkeypatch.setattr(decode_cpu, "load_native", lambda name: None)
+        monkeypatch.setattr(decode_native, "load_native", lambda name: None)
     else:
         assert load_native("decode_attention_cpu") is not None  # the C kernel really runs
     return str(request.param)
@@ -203,7 +203,7 @@ def test_native_matches_naive(dtype: torch.dtype, hq: int, hkv: int, d: int) -> 
     r2t = torch.cat([r2t, torch.full((r2t.shape[0], 7), -1, dtype=torch.int32)], 1)[:, :-7]
     assert r2t.stride(0) != r2t.shape[1]
     start = torch.tensor([0, 0, 5, 10, 0, 700])
-    got = decode_cpu.native_decode(q, k_pool, v_pool, r2t, req_slots, seq, start, scale=0.1)
+    got = decode_native.native_decode(q, k_pool, v_pool, r2t, req_slots, seq, start, scale=0.1)
     assert got is not None
     out, lse = got
     for i in range(len(seq)):
@@ -226,10 +226,12 @@ def test_native_declines_fp16_pools() -> None:
     """The C kernel reads fp32 and bf16 pools; fp16 goes to the torch path and still agrees."""
     q, k_pool, v_pool, r2t, req_slots, seq = make_case([5, 40], 4, 2, 16, torch.float16)
     start = torch.zeros_like(seq)
-    assert decode_cpu.native_decode(q, k_pool, v_pool, r2t, req_slots, seq, start, scale=1) is None
+    assert (
+        decode_native.native_decode(q, k_pool, v_pool, r2t, req_slots, seq, start, scale=1) is None
+    )
     # nor shapes it cannot map (more kv heads than query heads)
     args = (q[:, :1].float(), k_pool.float(), v_pool.float(), r2t, req_slots, seq, start)
-    assert decode_cpu.native_decode(*args, scale=1.0) is None
+    assert decode_native.native_decode(*args, scale=1.0) is None
     out = paged_decode_attention(q, k_pool, v_pool, r2t, req_slots, seq, scale=1.0)
     want = naive_decode(q, k_pool, v_pool, r2t, req_slots, seq, scale=1.0)
     torch.testing.assert_close(out.double(), want, atol=2e-3, rtol=2e-3)
@@ -241,10 +243,31 @@ def test_native_rejects_out_of_range_indices() -> None:
     start = torch.zeros_like(seq)
     args = (q, k_pool, v_pool)
     with pytest.raises(ValueError, match="req_slots"):
-        decode_cpu.native_decode(*args, r2t, req_slots + 100, seq, start, scale=1.0)
+        decode_native.native_decode(*args, r2t, req_slots + 100, seq, start, scale=1.0)
     with pytest.raises(ValueError, match="positions"):
-        decode_cpu.native_decode(*args, r2t, req_slots, seq + 1000, start, scale=1.0)
+        decode_native.native_decode(*args, r2t, req_slots, seq + 1000, start, scale=1.0)
     bad = r2t.clone()
     bad[req_slots[1], 3] = k_pool.shape[0]
     with pytest.raises(ValueError, match="outside the pool"):
-        decode_cpu.native_decode(*args, bad, req_slots, seq, start, scale=1.0)
+        decode_native.native_decode(*args, bad, req_slots, seq, start, scale=1.0)
+
+
+@pytest.mark.parametrize("threads", [2, 3, 64])
+def test_native_split_over_threads_is_exact(threads: int) -> None:
+    """Requests split over threads give bit-identical results to one thread (each request is
+    computed the same way wherever it runs), including empty requests and more threads than
+    requests."""
+    lens = [0, 1, 700, 5, 64, 300, 2, 129]
+    q, k_pool, v_pool, r2t, req_slots, seq = make_case(lens, 8, 4, 64, torch.float32, seed=3)
+    start = torch.zeros_like(seq)
+    args = (q, k_pool, v_pool, r2t, req_slots, seq, start)
+    one = decode_native.native_decode(*args, scale=0.125, threads=1)
+    many = decode_native.native_decode(*args, scale=0.125, threads=threads)
+    assert one is not None and many is not None
+    assert torch.equal(one[0], many[0]) and torch.equal(one[1], many[1])
+    bad = r2t.clone()
+    bad[req_slots[-1], 3] = -5  # an error in a later range still surfaces
+    with pytest.raises(ValueError, match="outside the pool"):
+        decode_native.native_decode(
+            q, k_pool, v_pool, bad, req_slots, seq, start, scale=1.0, threads=threads
+        )
