@@ -28,9 +28,12 @@ def load_model(path: str | Path, *, dtype: torch.dtype, device: torch.device) ->
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no *.safetensors in {path}")
-    with torch.device(device):
-        model = LlamaForCausalLM(cfg).to(dtype)
-    model.cos_sin = model.cos_sin.float()  # type: ignore[operator]
+    with torch.device("meta"):  # no random init: every parameter is loaded below
+        skeleton = LlamaForCausalLM(cfg)
+    model = skeleton.to_empty(device=device).to(dtype)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    model.cos_sin = cfg.cos_sin_cache().to(device=device, dtype=torch.float32)
     params = dict(model.named_parameters(remove_duplicate=False))
     loaded: set[str] = set()
     for file in files:
