@@ -60,18 +60,22 @@ def native_decode(
     fn = getattr(lib, name)
 
     def run(lo: int, hi: int) -> int:
-        """The kernel over requests [lo, hi) (views into the same buffers)."""
-        per_row = [qf[lo:hi], rows[lo:hi], first[lo:hi], last[lo:hi], out[lo:hi], lse[lo:hi]]
-        ptrs = [ctypes.c_void_p(t.data_ptr()) for t in per_row]
+        """The kernel over requests [lo, hi) (views into the same buffers); arguments in the
+        order of the C signature."""
         return int(
             fn(
-                ptrs[0],
-                *(ctypes.c_void_p(t.data_ptr()) for t in (k_pool, v_pool, req_to_token)),
-                *ptrs[1:4],
+                _ptr(qf[lo:hi]),
+                _ptr(k_pool),
+                _ptr(v_pool),
+                _ptr(req_to_token),
+                _ptr(rows[lo:hi]),
+                _ptr(first[lo:hi]),
+                _ptr(last[lo:hi]),
                 *(ctypes.c_int64(n) for n in (req_to_token.stride(0), k_pool.shape[0])),
                 *(ctypes.c_int64(n) for n in (hi - lo, hq, hkv, d)),
                 ctypes.c_float(scale),
-                *ptrs[4:],
+                _ptr(out[lo:hi]),
+                _ptr(lse[lo:hi]),
             )
         )
 
@@ -82,6 +86,10 @@ def native_decode(
     if any(statuses):
         raise MemoryError("decode attention: cannot allocate the score buffer")
     return out, lse
+
+
+def _ptr(t: torch.Tensor) -> ctypes.c_void_p:
+    return ctypes.c_void_p(t.data_ptr())
 
 
 def _run_split(run: Callable[[int, int], int], spans: torch.Tensor, threads: int) -> list[int]:

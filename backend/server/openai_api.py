@@ -147,10 +147,6 @@ def check_model(ctx: ServerContext, model: str | None) -> None:
         )  # fmt: skip
 
 
-def check_common(ctx: ServerContext, req: OpenAISampling) -> None:
-    check_model(ctx, req.model)
-
-
 def sampling_fields(req: OpenAISampling, max_tokens: int) -> dict[str, Any]:
     """SamplingParams fields of an OpenAI request (None = the engine's default)."""
     fields = {
@@ -252,7 +248,7 @@ def prompt_ids(
 
 
 def completion_jobs(ctx: ServerContext, req: CompletionRequest) -> list[Job]:
-    check_common(ctx, req)
+    check_model(ctx, req.model)
     if req.suffix:
         raise ApiError(400, "suffix: not supported by plait", param="suffix")
     if req.best_of not in (None, req.n):
@@ -271,7 +267,7 @@ def completion_jobs(ctx: ServerContext, req: CompletionRequest) -> list[Job]:
 
 
 def chat_jobs(ctx: ServerContext, req: ChatCompletionRequest) -> list[Job]:
-    check_common(ctx, req)
+    check_model(ctx, req.model)
     plan = plan_tools(req)
     if req.top_logprobs and not req.logprobs:
         raise ApiError(400, "top_logprobs: requires logprobs=true", param="top_logprobs")

@@ -99,9 +99,9 @@ static float *score_buffer(size_t n) {
 }
 
 #define DEFINE_DECODE(NAME, T, LOAD)                                                          \
-    PLAIT_INLINE void NAME##_one(const float *q, const T *k, const T *v, const int32_t *slots,       \
-                           int64_t span, int64_t hq, int64_t hkv, int64_t d, float scale,     \
-                           float *scores, float *out, float *lse) {                           \
+    PLAIT_INLINE void NAME##_one(const float *q, const T *k, const T *v, const int32_t *slots, \
+                                 int64_t span, int64_t hq, int64_t hkv, int64_t d, float scale, \
+                                 float *scores, float *out, float *lse) {                     \
         int64_t group = hq / hkv, row = hkv * d;                                               \
         for (int64_t t = 0; t < span; ++t) {                                                   \
             if (t + PREFETCH_AHEAD < span)                                                     \
@@ -133,8 +133,7 @@ static float *score_buffer(size_t n) {
     PLAIT_CLONES int NAME(const float *q, const T *k, const T *v, const int32_t *table,       \
                           const int64_t *rows, const int64_t *start, const int64_t *seq,       \
                           int64_t table_stride, int64_t num_slots, int64_t batch, int64_t hq,  \
-                          int64_t hkv,                                                         \
-                          int64_t d, float scale, float *out, float *lse) {                    \
+                          int64_t hkv, int64_t d, float scale, float *out, float *lse) {       \
         int64_t max_span = 1;                                                                  \
         for (int64_t b = 0; b < batch; ++b)                                                    \
             if (seq[b] - start[b] > max_span) max_span = seq[b] - start[b];                    \
