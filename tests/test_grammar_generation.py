@@ -146,6 +146,19 @@ def test_schema_validity_rate_at_1024_tokens(
     assert counts["valid"] >= 0.75 * sum(counts.values())
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+@pytest.mark.skipif(not SLOW, reason="about 8 minutes on 2 CPU cores; set PLAIT_SLOW_TESTS=1")
+def test_unfinished_outputs_finish_given_more_tokens(
+    engine: Engine, checker: StringChecker
+) -> None:
+    """With almost the whole context (4000 new tokens) most of the 1024-token cut-offs
+    finish, still valid: what stops them is plait-tiny's length, not the grammar."""
+    counts = run_schemas(engine, tokens=4000, jumps=(True,), checker=checker)[True]
+    assert set(counts) <= {"valid", "explained", "prefix"}
+    assert counts["valid"] >= 0.85 * sum(counts.values())
+
+
 def test_warnings_name_unenforced_keywords(engine: Engine) -> None:
     schema = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True, "maxItems": 3}
     out = engine.generate("Numbers:", {"max_new_tokens": 32, "seed": 1, "json_schema": schema})
