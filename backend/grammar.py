@@ -19,6 +19,7 @@ import torch
 import xgrammar as xgr
 from transformers import PreTrainedTokenizerBase
 
+from plait.backend.closing import CLOSE_WINDOW, Closer
 from plait.backend.config import EngineConfig
 from plait.backend.grammar_api import GrammarHooks, MaskWaiter
 from plait.backend.grammar_compiler import (
@@ -36,6 +37,7 @@ from plait.backend.req import FinishReason, Req
 from plait.kernels.bitmask import prepare_cpu_kernel
 
 COMPILE_WORKERS = 2
+JSON_KINDS = frozenset({"json_schema", "json_object"})
 TIMING_LOG_SIZE = 1 << 16
 
 
@@ -46,6 +48,7 @@ class RequestGrammar:
         self.compiled = compiled
         self.matcher = xgr.GrammarMatcher(compiled.grammar, override_stop_tokens=stop_ids)
         self.cursor = RegexCursor(compiled.regex_fsm) if compiled.regex_fsm else None
+        self.next_close_look = CLOSE_WINDOW
 
     def is_terminated(self) -> bool:
         return bool(self.matcher.is_terminated())
@@ -133,6 +136,7 @@ class XGrammarBackend:
             compiler=new_compiler(info), capacity=config.grammar_cache_size, workers=COMPILE_WORKERS
         )
         self.retokenizer = retokenizer
+        self.closer = Closer(token_bytes=retokenizer.token_bytes, encode=retokenizer.encode)
         self.filler = MaskFiller(vocab_size=info.vocab_size, pin=pin)
         self.waiting: dict[Req, _Waiting] = {}
         self.compile_log: deque[float] = deque(maxlen=TIMING_LOG_SIZE)
@@ -242,6 +246,23 @@ class XGrammarBackend:
                 for old in removed:
                     state.accept(old, self.token_bytes[old])
                 return False
+        return True
+
+    def close(self, req: Req) -> bool:
+        """Append a completion of the grammar when the tokens left are about to run out
+        (`closing`); True when the output is now complete."""
+        state: RequestGrammar = req.grammar
+        room = req.params.max_new_tokens - len(req.output_ids)
+        ids, state.next_close_look = self.closer.tokens(
+            state.matcher,
+            output=req.output_ids,
+            room=room,
+            next_look=state.next_close_look,
+            is_json=state.compiled.key.kind in JSON_KINDS,
+        )
+        if ids is None or not self._replace(state, removed=[], appended=ids):
+            return False
+        req.output_ids.extend(ids)
         return True
 
     def release(self, req: Req) -> None:

@@ -25,6 +25,8 @@ class GrammarHooks(Protocol):
     - `jump_forward(req, max_rollback)`: append the tokens the grammar forces to
       `req.output_ids`, after removing up to `max_rollback` trailing tokens for
       retokenization; returns how many tokens were removed.
+    - `close(req)`: when the tokens left are about to run out inside an unfinished
+      structure, append a completion of the grammar to `req.output_ids`; True if it did.
     - `release(req)`: forget the request's matcher.
     """
 
@@ -37,5 +39,7 @@ class GrammarHooks(Protocol):
     def accept(self, req: Req, token: int) -> None: ...
 
     def jump_forward(self, req: Req, max_rollback: int) -> int: ...
+
+    def close(self, req: Req) -> bool: ...
 
     def release(self, req: Req) -> None: ...

@@ -17,11 +17,13 @@ FinishKind = Literal["stop", "length", "abort", "error"]
 @dataclass(frozen=True)
 class FinishReason:
     """Why a request ended: `matched` is the stop token id, the stop string or the stop regex
-    that matched, if any."""
+    that matched, if any; `closed` marks a "length" finish whose constrained output the
+    engine completed within the token limit (`close_on_length`)."""
 
     kind: FinishKind
     matched: int | str | None = None
     message: str | None = None
+    closed: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"type": self.kind}
@@ -29,6 +31,8 @@ class FinishReason:
             out["matched"] = self.matched
         if self.message is not None:
             out["message"] = self.message
+        if self.closed:
+            out["closed"] = True
         return out
 
 

@@ -24,7 +24,9 @@ class SamplingParams:
     that share the prompt's KV cache. At most one constraint (`json_schema`, `regex`, `ebnf`,
     `choices`, `json_object`, `structural_tag`) may be set. Generation stops at the first
     `stop` string or `stop_regex` match (`re.search` on the output text), which is cut from the
-    text unless `no_stop_trim`.
+    text unless `no_stop_trim`. A constrained output about to reach `max_new_tokens` inside an
+    unfinished structure is completed by the engine (`close_on_length`; finish_reason
+    "length" with `closed`) so that it still parses.
     """
 
     max_new_tokens: int = 128
@@ -57,6 +59,7 @@ class SamplingParams:
     any_whitespace: bool = False
     strict_mode: bool = True
     jump_forward: bool = True
+    close_on_length: bool = True
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property

@@ -353,8 +353,22 @@ class Scheduler:
             if req.grammar is not None and self.grammar is not None:
                 self.grammar.accept(req, token)
             req.check_finished(context_len=self.runner.context_len, tail=self.outputs.tail(req))
-            if req.grammar is not None and req.finished is None:
+            if req.grammar is not None and req.finished is None and not self._close(req):
                 self._jump_forward(req)
+
+    def _close(self, req: Req) -> bool:
+        """Complete the structure when the token limit is near (`close_on_length`)."""
+        if not req.params.close_on_length or req.params.return_logprob:
+            return False
+        assert self.grammar is not None
+        before = len(req.output_ids)
+        if not self.grammar.close(req):
+            return False
+        tail = self.outputs.tail(req, new_tokens=len(req.output_ids) - before)
+        req.check_finished(context_len=self.runner.context_len, tail=tail)
+        if req.finished is None or req.finished.kind == "length":
+            req.finished = FinishReason("length", closed=True)
+        return True
 
     def _jump_forward(self, req: Req) -> None:
         """Append the tokens the grammar forces; drop the KV of tokens it retokenized."""

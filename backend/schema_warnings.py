@@ -258,6 +258,13 @@ def _pattern_properties(w: _Walker, node: dict[str, Any]) -> Iterator[Finding]:
     for pattern in patterns:
         for _, effect, detail in _pattern(pattern):
             yield "patternProperties", effect, f"property-name {detail}"
+    if _overlapping_names(patterns, node.get("properties")):
+        yield (
+            "patternProperties",
+            "loose",
+            "a name matching several patterns (or a pattern and a declared property) is "
+            "checked against one of their schemas only",
+        )
     extra = node.get("additionalProperties")
     if "properties" in node and (
         isinstance(extra, dict) and extra or (extra is None and not w.strict_mode)
@@ -269,6 +276,22 @@ def _pattern_properties(w: _Walker, node: dict[str, Any]) -> Iterator[Finding]:
         )
     elif "properties" not in node and extra is not False and not w.strict_mode:
         yield "patternProperties", "strict", "properties matching no pattern are rejected"
+
+
+def _overlapping_names(patterns: dict[str, Any], properties: object) -> bool:
+    """Whether one name may fall under two schemas: two or more patterns, or a declared
+    property whose name a pattern matches."""
+    if len(patterns) > 1:
+        return True
+    names = properties if isinstance(properties, dict) else {}
+    return any(_searches(pattern, name) for pattern in patterns for name in names)
+
+
+def _searches(pattern: str, name: str) -> bool:
+    try:
+        return re.search(pattern, name) is not None
+    except re.error:
+        return True  # a pattern Python cannot read: assume the worst
 
 
 def _enum_values(w: _Walker, node: dict[str, Any]) -> Iterator[Finding]:

@@ -251,10 +251,11 @@ class StateExecutor:
 
 
 def parse_value(text: str, dtype: Any, reason: dict[str, Any]) -> Any:
-    """The Python value of a gen: its text, or parsed into `dtype`."""
+    """The Python value of a gen: its text, or parsed into `dtype`. An output cut at
+    max_tokens is an error, unless the engine closed it (`closed`: it is complete)."""
     if dtype is None or dtype is str:
         return text
-    if reason.get("type") == "length":
+    if reason.get("type") == "length" and not reason.get("closed"):
         raise ProgramError(f"output stopped at max_tokens before it was a complete {dtype}")
     if dtype is bool:
         return text.strip() == "True"

@@ -136,6 +136,20 @@ def test_constraints_hold(backend: Backend) -> None:
     assert state["color"] in ("red", "green", "blue")
 
 
+@plait.program
+def short_city(s):  # type: ignore[no-untyped-def]
+    s += "City: " + plait.gen("city", json_schema=City, max_tokens=24)
+
+
+def test_typed_gen_closed_at_max_tokens_is_a_value(backend: Backend) -> None:
+    """The engine closes the JSON before max_tokens; the closed output parses into the model
+    and its meta says so."""
+    state = short_city.run(backend=backend, temperature=1.0, seed=5)
+    reason = state.meta("city")["finish_reason"]
+    assert reason["type"] == "length" and reason["closed"] is True
+    assert isinstance(state["city"], City)
+
+
 METHODS = ["token_length_normalized", "greedy_token", "unconditional_likelihood_normalized"]
 
 

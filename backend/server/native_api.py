@@ -247,7 +247,8 @@ def generate_output(
 
 def sglang_finish(reason: dict[str, Any] | None, usage: dict[str, Any]) -> dict[str, Any] | None:
     if reason is not None and reason["type"] == "length":
-        return {"type": "length", "length": usage.get("completion_tokens", 0)}
+        closed = {"closed": True} if reason.get("closed") else {}
+        return {"type": "length", "length": usage.get("completion_tokens", 0), **closed}
     return reason
 
 

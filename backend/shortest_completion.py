@@ -1,0 +1,221 @@
+"""A short text that completes a grammar from a matcher's current state.
+
+Used to close a constrained output before `max_new_tokens` runs out (`close_on_length`):
+instead of cutting JSON in the middle of a string, the engine appends a short text that makes
+the grammar's root complete.
+
+The search runs over single bytes (every byte-level vocabulary has a token per byte). First
+weighted A*: a node is a forked matcher, its cost the bytes written so far, and for JSON the
+estimate of what is left counts the open containers and the open string (each needs at least
+one more byte), weighted so that plain closing is found before anything else is explored.
+When that spends its share of the budget (many required properties still to write), a
+closing-first depth-first search on one matcher finds a longer completion without exploring
+every alternative.
+
+Nodes are merged when their parser states are equal: xgrammar's matcher reports the Earley
+items of its last step (`_debug_print_internal_state`), and an item's start position is kept
+as is when it lies before the search began (in the text both nodes share) and made relative
+to the end otherwise. For JSON the lexical state is added (the open containers with the
+separators written in each since the search began), since the items only show the
+innermost rule. A merge can make the answer longer or make the search miss one, never
+wrong: every byte of an answer was accepted by a real matcher.
+"""
+
+from __future__ import annotations
+
+import heapq
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import xgrammar as xgr
+
+from plait.backend.json_lexer import JsonLex
+
+MAX_TRIALS = 4000  # bytes tried per search before giving up (each takes 5-50 us)
+MAX_SECONDS = 0.1  # and a wall-clock stop: a few regex states take ~1 ms per mask
+BEST_FIRST = 0.25  # share of the budget for the A* pass; the depth-first pass gets the rest
+MAX_DEPTH = 1024  # bytes a depth-first completion may take
+WEIGHT = 3  # A* weight on the estimate: prefer closing over writing more content
+# Printable ASCII without the backslash, and UTF-8 continuation bytes (to finish a character
+# the output was cut in): completions need no escapes or new multi-byte characters (unless a
+# pattern demands them; then the search finds nothing).
+ALPHABET = frozenset(range(0x20, 0x7F)) - {ord("\\")} | frozenset(range(0x80, 0xC0))
+ITEM = re.compile(
+    r"rule_id=(\d+), sequence_id=(\d+), element_id=(\d+), rule_start_pos=(-?\d+), "
+    r"sub_element_id=(\d+)"
+)
+
+Item = tuple[int, int, int, int, int]
+Key = tuple[frozenset[Item], object]
+
+
+class CompleterUnavailable(RuntimeError):
+    """This xgrammar version does not report its parser state in the expected form."""
+
+
+@dataclass
+class _Node:
+    """A search state: the bytes written since the search began, the JSON lexical state (if
+    JSON), and, once kept, its matcher and the single-byte tokens it allows."""
+
+    text: bytes
+    lex: JsonLex | None
+    matcher: xgr.GrammarMatcher | None = None
+    allowed: tuple[tuple[int, bytes], ...] = ()
+
+    @property
+    def estimate(self) -> int:
+        """Bytes still needed at least: one per open container or string (JSON only)."""
+        return self.lex.open_count() if self.lex is not None else 0
+
+    def child(self, data: bytes) -> _Node:
+        lex = self.lex.feed(data) if self.lex is not None else None
+        return _Node(self.text + data, lex)
+
+
+class _Budget:
+    """Trials and seconds for one pass of a search."""
+
+    def __init__(self, trials: int, seconds: float) -> None:
+        self.trials = trials
+        self.used = 0
+        self.start = time.perf_counter()
+        self.deadline = self.start + seconds
+
+    def spend(self) -> bool:
+        """Take one trial; False when none is left or the time is up."""
+        self.used += 1
+        return self.used <= self.trials and time.perf_counter() <= self.deadline
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+
+class Completer:
+    """Finds a short completion of a `GrammarMatcher`'s state, as bytes."""
+
+    def __init__(
+        self,
+        *,
+        token_bytes: Sequence[bytes],
+        max_trials: int = MAX_TRIALS,
+        max_seconds: float = MAX_SECONDS,
+    ) -> None:
+        singles = {data[0]: i for i, data in enumerate(token_bytes) if len(data) == 1}
+        alphabet = sorted(set(singles) & ALPHABET, key=_order)
+        self.ids = [singles[b] for b in alphabet]
+        index = np.array(self.ids, dtype=np.int64)
+        self.words, self.shifts = index >> 5, (index & 31).astype(np.int32)
+        self.bytes_of = [token_bytes[t] for t in self.ids]
+        self.mask = torch.zeros((1, (len(token_bytes) + 31) // 32), dtype=torch.int32)
+        self.bits = self.mask.numpy()[0]
+        self.max_trials = max_trials
+        self.max_seconds = max_seconds
+
+    def complete(self, matcher: xgr.GrammarMatcher, *, text: bytes, is_json: bool) -> bytes | None:
+        """The bytes after which `matcher` (which has accepted `text`) is complete; b"" if
+        it already is, None when the search gives up. `matcher` is left as it was."""
+        if matcher.is_completed():
+            return b""
+        root = _Node(b"", JsonLex.scan(text) if is_json else None)
+        root.allowed = self._allowed(matcher)
+        first = _Budget(int(self.max_trials * BEST_FIRST), self.max_seconds * BEST_FIRST)
+        found = self._best_first(matcher, root, base=len(text), budget=first)
+        if found is not None:
+            return found
+        rest = _Budget(self.max_trials - first.used, self.max_seconds - first.elapsed())
+        return self._depth_first(matcher.fork(), root, base=len(text), budget=rest)
+
+    def _best_first(
+        self, matcher: xgr.GrammarMatcher, root: _Node, *, base: int, budget: _Budget
+    ) -> bytes | None:
+        """Weighted A*: short completions, found in a few trials when closing is enough."""
+        root.matcher = matcher.fork()
+        heap = [(root.estimate, 0, 0, root)]
+        seen = {self._key(matcher, root, base)}
+        while heap:
+            node = heapq.heappop(heap)[3]
+            assert node.matcher is not None
+            for token, data in node.allowed:
+                if not budget.spend():
+                    return None
+                node.matcher.accept_token(token)
+                if node.matcher.is_completed():
+                    return node.text + data
+                child = node.child(data)
+                key = self._key(node.matcher, child, base)
+                if key not in seen:
+                    seen.add(key)
+                    child.matcher = node.matcher.fork()
+                    child.allowed = self._allowed(child.matcher)
+                    cost = len(child.text)
+                    heapq.heappush(heap, (cost + WEIGHT * child.estimate, -cost, len(seen), child))
+                node.matcher.rollback(1)
+        return None
+
+    def _depth_first(
+        self, matcher: xgr.GrammarMatcher, root: _Node, *, base: int, budget: _Budget
+    ) -> bytes | None:
+        """Closing-first depth-first search on one matcher (accept on the way down, roll
+        back on the way up): longer completions, but it does not drown in alternatives
+        when many required properties are still to be written."""
+        path = [(root, iter(root.allowed))]
+        seen = {self._key(matcher, root, base)}
+        while path:
+            node, children = path[-1]
+            for token, data in children:
+                if not budget.spend():
+                    return None
+                matcher.accept_token(token)
+                if matcher.is_completed():
+                    return node.text + data
+                child = node.child(data)
+                key = self._key(matcher, child, base)
+                if key not in seen and len(child.text) < MAX_DEPTH:
+                    seen.add(key)
+                    child.allowed = self._allowed(matcher)
+                    path.append((child, iter(child.allowed)))
+                    break
+                matcher.rollback(1)
+            else:
+                path.pop()
+                if path:
+                    matcher.rollback(1)
+        return None
+
+    @staticmethod
+    def _key(matcher: xgr.GrammarMatcher, node: _Node, base: int) -> Key:
+        """The node's identity: its Earley items, start positions after `base` (where the
+        search began) made relative to the end, plus its JSON lexical state."""
+        end = base + len(node.text)
+        items = frozenset(
+            (rule, seq, elem, sub, start if start <= base else start - end - 2)
+            for rule, seq, elem, start, sub in parser_items(matcher)
+        )
+        return items, node.lex.key if node.lex is not None else None
+
+    def _allowed(self, matcher: xgr.GrammarMatcher) -> tuple[tuple[int, bytes], ...]:
+        """The single-byte tokens the state allows, in search order."""
+        matcher.fill_next_token_bitmask(self.mask)
+        keep = np.flatnonzero((self.bits[self.words] >> self.shifts) & 1)
+        return tuple((self.ids[i], self.bytes_of[i]) for i in keep.tolist())
+
+
+def parser_items(matcher: xgr.GrammarMatcher) -> list[Item]:
+    """(rule, sequence, element, start, sub-element) of each Earley item of the last step."""
+    state = matcher._debug_print_internal_state()
+    items = [(int(a), int(b), int(c), int(d), int(e)) for a, b, c, d, e in ITEM.findall(state)]
+    if not items:
+        raise CompleterUnavailable(f"unexpected matcher state format: {state[:200]!r}")
+    return items
+
+
+def _order(byte: int) -> tuple[int, int]:
+    """Closing punctuation, then the digit 0 (the shortest value), then the rest: among
+    paths of equal cost the search prefers the one that closes soonest."""
+    first = b'"}]0'
+    return (0, first.index(byte)) if byte in first else (1, byte)

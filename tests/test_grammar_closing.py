@@ -1,0 +1,228 @@
+"""Closing a constrained output before max_new_tokens: the JSON lexer, the completion search,
+when the closer acts, and the engine's results (valid output, finish_reason "length" with
+`closed`)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import xgrammar as xgr
+from grammar_cases import validates
+from transformers import PreTrainedTokenizerBase
+
+from helpers import tiny_engine
+from plait.backend.builtin_models import resolve_model_path
+from plait.backend.closing import CLOSE_SLACK, NEVER, Closer, has_duplicate_keys
+from plait.backend.engine import Engine
+from plait.backend.grammar import make_encoder, tokenizer_info
+from plait.backend.grammar_compiler import COMPACT_SEPARATORS
+from plait.backend.json_lexer import JsonLex
+from plait.backend.loader import load_tokenizer
+from plait.backend.schema_rewrite import search_pattern
+from plait.backend.shortest_completion import Completer, parser_items
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "age": {"type": "integer", "minimum": 1000},
+    },
+    "required": ["name", "tags", "age"],
+}
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> PreTrainedTokenizerBase:
+    return load_tokenizer(resolve_model_path("plait-tiny"))
+
+
+@pytest.fixture(scope="module")
+def info(tokenizer: PreTrainedTokenizerBase) -> xgr.TokenizerInfo:
+    return tokenizer_info(tokenizer, 16384)
+
+
+@pytest.fixture(scope="module")
+def compiler(info: xgr.TokenizerInfo) -> xgr.GrammarCompiler:
+    return xgr.GrammarCompiler(info, cache_enabled=False)
+
+
+@pytest.fixture(scope="module")
+def completer(info: xgr.TokenizerInfo) -> Completer:
+    return Completer(token_bytes=list(info.decoded_vocab))
+
+
+def json_matcher(compiler: xgr.GrammarCompiler, schema: dict[str, Any], text: str) -> Any:
+    grammar = compiler.compile_json_schema(
+        json.dumps(schema), any_whitespace=False, separators=COMPACT_SEPARATORS
+    )
+    matcher = xgr.GrammarMatcher(grammar, terminate_without_stop_token=True)
+    assert matcher.accept_string(text)
+    return matcher
+
+
+# --- the JSON lexer -----------------------------------------------------------------------
+def test_lexer_tracks_containers_strings_and_escapes() -> None:
+    lex = JsonLex.scan(b'{"a":[1,{"b":"x\\"}]')
+    assert lex.stack == ((ord("{"), 0), (ord("["), 0), (ord("{"), 0))  # counts start here
+    assert lex.in_string and not lex.escaped and lex.open_count() == 4
+    assert lex.feed(b"\\").escaped and lex.feed(b'\\"').in_string
+    closed = lex.feed(b',:[{}]"}],"c":-1.5e3')  # separators in strings do not count
+    assert closed.stack == ((ord("{"), 2),) and not closed.in_string
+
+
+# --- the completion search ----------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("schema", "text", "completion"),
+    [
+        ({"type": "object"}, '{"a":[{"b":12', "}]}"),
+        ({"type": "object"}, '{"a":[{"b":"x', '"}]}'),
+        (PERSON, '{"name":"xyz', '","tags":[],"age":1000}'),
+        (PERSON, '{"name":"","tags":["a","b', '"],"age":1000}'),
+        ({"type": "string", "format": "date-time"}, '"20', '00-01-01T00:00:00Z"'),
+        ({"type": "string", "pattern": "^[A-Z]{3}-\\d{4}$"}, '"A', 'AA-0000"'),
+        ({"type": "array", "items": {"enum": ["customer", "maker"]}}, '["cu', 'stomer"]'),
+        ({"type": "array", "items": {"type": "integer"}, "minItems": 3}, "[5", ",0,0]"),
+    ],
+)
+def test_completion_is_short_and_accepted(
+    compiler: xgr.GrammarCompiler,
+    completer: Completer,
+    schema: dict[str, Any],
+    text: str,
+    completion: str,
+) -> None:
+    matcher = json_matcher(compiler, schema, text)
+    found = completer.complete(matcher, text=text.encode(), is_json=True)
+    assert found == completion.encode()
+    assert matcher.accept_string(found) and matcher.is_completed()  # matcher left as it was
+    assert validates(schema, json.loads(text + completion))
+
+
+def test_search_finds_a_word_a_pattern_needs_inside_a_free_string(
+    compiler: xgr.GrammarCompiler, completer: Completer
+) -> None:
+    """A JSON Schema `pattern` is a search: the content must contain the word, which the
+    masks cannot show (every byte stays allowed); the parser state can."""
+    pattern = search_pattern("maker")
+    schema = {"type": "array", "items": {"type": "string", "pattern": pattern}}
+    matcher = json_matcher(compiler, schema, '["x')
+    assert completer.complete(matcher, text=b'["x', is_json=True) == b'maker"]'
+
+
+def test_complete_states_need_nothing_and_impossible_ones_give_none(
+    compiler: xgr.GrammarCompiler, completer: Completer
+) -> None:
+    done = xgr.GrammarMatcher(compiler.compile_regex("[0-9]+"), terminate_without_stop_token=True)
+    assert done.accept_string("12") and completer.complete(done, text=b"12", is_json=False) == b""
+    greek = compiler.compile_regex("[α-ω]+")  # needs a new multi-byte character: not searched
+    matcher = xgr.GrammarMatcher(greek, terminate_without_stop_token=True)
+    assert completer.complete(matcher, text=b"", is_json=False) is None
+    cut = "αβ".encode()[:3]  # cut inside a character: its continuation byte is searched
+    assert matcher.accept_string(cut)
+    found = completer.complete(matcher, text=cut, is_json=False)
+    assert found is not None and (cut + found).decode() == "αα"  # the lowest byte that fits
+
+
+def test_search_gives_up_within_its_trial_budget(
+    compiler: xgr.GrammarCompiler, info: xgr.TokenizerInfo
+) -> None:
+    small = Completer(token_bytes=list(info.decoded_vocab), max_trials=5)
+    matcher = json_matcher(compiler, PERSON, '{"name":"xyz')
+    assert small.complete(matcher, text=b'{"name":"xyz', is_json=True) is None
+
+
+def test_parser_state_format_is_understood(compiler: xgr.GrammarCompiler) -> None:
+    """The search identifies states by the matcher's Earley items; an xgrammar release
+    that prints them differently fails here (and the search raises) instead of silently."""
+    matcher = json_matcher(compiler, {"type": "object"}, '{"a":"x')
+    items = parser_items(matcher)
+    assert items and all(len(item) == 5 for item in items)
+
+
+# --- when the closer acts -----------------------------------------------------------------
+def test_closer_looks_when_the_room_halves_and_closes_just_in_time(
+    compiler: xgr.GrammarCompiler, info: xgr.TokenizerInfo, tokenizer: PreTrainedTokenizerBase
+) -> None:
+    token_bytes = list(info.decoded_vocab)
+    closer = Closer(token_bytes=token_bytes, encode=make_encoder(tokenizer))
+    text = '{"a":[{"b":"x'
+    output = tokenizer.encode(text, add_special_tokens=False)
+    matcher = json_matcher(compiler, {"type": "object"}, text)
+    args: dict[str, Any] = {"output": output, "is_json": True}
+    assert closer.tokens(matcher, room=300, next_look=256, **args) == (None, 256)
+    assert closer.tokens(matcher, room=200, next_look=256, **args) == (None, 100)
+    need = len(make_encoder(tokenizer)('"}]}'))
+    at = 2 * (need + CLOSE_SLACK) - 1  # half of it is below what the completion needs
+    ids, later = closer.tokens(matcher, room=at, next_look=at, **args)
+    assert ids is not None and later == NEVER
+    assert b"".join(token_bytes[t] for t in ids) == b'"}]}'
+    assert closer.tokens(matcher, room=need - 1, next_look=need, **args) == (None, NEVER)
+
+
+# --- in the engine ------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def engine() -> Iterator[Engine]:
+    with tiny_engine() as eng:
+        yield eng
+
+
+def test_engine_closes_json_before_the_limit(engine: Engine) -> None:
+    params = [
+        {"max_new_tokens": n, "seed": i, "json_schema": PERSON} for i, n in enumerate([24, 48, 96])
+    ]
+    for p, out in zip(params, engine.generate(["JSON:"] * 3, params), strict=True):
+        assert out["finish_reason"] == {"type": "length", "closed": True}
+        assert len(out["output_ids"]) <= p["max_new_tokens"]
+        assert validates(PERSON, json.loads(out["text"], strict=False))
+
+
+def test_streamed_closed_output_matches_the_whole(engine: Engine) -> None:
+    params = {"max_new_tokens": 48, "seed": 1, "json_schema": PERSON}
+    full = engine.generate("JSON:", params)
+    parts = list(engine.generate("JSON:", params, stream=True))
+    assert "".join(p["text"] for p in parts) == full["text"]
+    assert sum((p["output_ids"] for p in parts), []) == full["output_ids"]
+    assert parts[-1]["finish_reason"] == full["finish_reason"] == {"type": "length", "closed": True}
+
+
+def test_engine_leaves_the_cut_when_closing_is_off(engine: Engine) -> None:
+    params = {"max_new_tokens": 24, "seed": 0, "json_schema": PERSON, "close_on_length": False}
+    out = engine.generate("JSON:", params)
+    assert out["finish_reason"] == {"type": "length"} and len(out["output_ids"]) == 24
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(out["text"], strict=False)
+
+
+def test_engine_closes_regex_output(engine: Engine) -> None:
+    regex = r"[a-z ]{20,}@[a-z]+\.com"
+    outs = engine.generate(
+        ["Mail:"] * 4,
+        [{"max_new_tokens": 12, "seed": i, "regex": regex, "temperature": 1.0} for i in range(4)],
+    )
+    for out in outs:
+        assert re.fullmatch(regex, out["text"]), out["text"]
+        assert out["finish_reason"]["type"] in ("stop", "length")
+
+
+def test_duplicate_keys_are_detected() -> None:
+    assert has_duplicate_keys(b'{"a":{"":0,"":1}}') and has_duplicate_keys(b'[{"x":1,"x":1}]')
+    assert not has_duplicate_keys(b'{"a":{"":0,"b":1},"b":[{"":2}]}')
+    assert not has_duplicate_keys(b'{"a":')  # does not parse: nothing to say
+
+
+def test_closer_turns_itself_off_when_the_parser_state_is_unreadable(
+    compiler: xgr.GrammarCompiler,
+    info: xgr.TokenizerInfo,
+    tokenizer: PreTrainedTokenizerBase,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    closer = Closer(token_bytes=list(info.decoded_vocab), encode=make_encoder(tokenizer))
+    matcher = json_matcher(compiler, {"type": "object"}, '{"a":"x')
+    monkeypatch.setattr(xgr.GrammarMatcher, "_debug_print_internal_state", lambda self: "?")
+    args: dict[str, Any] = {"output": [], "is_json": True, "room": 8, "next_look": 8}
+    assert closer.tokens(matcher, **args) == (None, NEVER) and closer.unavailable
