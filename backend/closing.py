@@ -9,7 +9,9 @@ that parses.
 When to look: first when `CLOSE_WINDOW` tokens are left, then each time the room has halved.
 At a look, the completion is appended if the room at the next look would be less than its
 tokens plus `CLOSE_SLACK` (what the model may open in between); otherwise the model goes on.
-Each request looks at most about log2(CLOSE_WINDOW) times.
+Each request looks at most about log2(CLOSE_WINDOW) times. An output that is already
+complete (a regex like `[a-z]+`, free text with structural tags) is left to the model until
+its last token, and closed as it is only if it is still complete then.
 
 The shortest JSON completion may write the same short key twice (`"":0,"":0` for
 `minProperties`); the grammar cannot reject duplicate keys, so such a completion is not
@@ -71,6 +73,8 @@ class Closer:
         if completion is None or is_json and has_duplicate_keys(text + completion):
             return None, later
         ids = self._encode(completion)
+        if not ids:  # already complete: the model may go on (or stop) until its last token
+            return ([], NEVER) if room <= 1 else (None, max(later, 1))
         if later >= len(ids) + CLOSE_SLACK:
             return None, later
         if len(ids) > room:

@@ -225,7 +225,9 @@ def plait_on(engine: Engine, chosen: list[tuple[str, Any]], *, tokens: int) -> d
     elapsed, outs = timed(lambda: engine.generate(prompts, params))
     produced = sum(len(o["output_ids"]) for o in outs)
     valid = sum(is_valid(d["schema"], o["text"]) for (_, d), o in zip(chosen, outs, strict=True))
-    return {"seconds": elapsed, "tokens": produced, "tok_s": produced / elapsed, "valid": valid}
+    closed = sum(bool(o["finish_reason"].get("closed")) for o in outs)
+    return {"seconds": elapsed, "tokens": produced, "tok_s": produced / elapsed, "valid": valid,
+            "closed": closed}  # fmt: skip
 
 
 def outlines_on(chosen: list[tuple[str, Any]], tokens: int) -> dict[str, Any]:
@@ -285,7 +287,8 @@ def ratio_rows(results: dict[str, Any]) -> list[list[Any]]:
          f"{ext['off_s']:.2f} jump-forward off", verdict(ext["ratio"], 1.3)],
         [f"{n} test-set schemas vs Outlines: output tok/s", mine["tok_s"],
          f"{peer['tok_s']:.1f} Outlines", verdict(mine["tok_s"] / peer["tok_s"], 5)],
-        ["  valid outputs", f"{mine['valid']}/{n}", f"{peer['valid']}/{n}", ""],
+        ["  valid outputs", f"{mine['valid']}/{n} ({mine['closed']} closed at the limit)",
+         f"{peer['valid']}/{n}", ""],
     ]  # fmt: skip
 
 

@@ -164,6 +164,21 @@ def test_closer_looks_when_the_room_halves_and_closes_just_in_time(
     assert closer.tokens(matcher, room=need - 1, next_look=need, **args) == (None, NEVER)
 
 
+def test_closer_leaves_complete_output_to_the_model_until_its_last_token(
+    compiler: xgr.GrammarCompiler, info: xgr.TokenizerInfo, tokenizer: PreTrainedTokenizerBase
+) -> None:
+    closer = Closer(token_bytes=list(info.decoded_vocab), encode=make_encoder(tokenizer))
+    matcher = xgr.GrammarMatcher(compiler.compile_regex("[0-9]+(\\.[0-9]+)?"))
+    assert matcher.accept_string("12")
+    args: dict[str, Any] = {"output": make_encoder(tokenizer)("12"), "is_json": False}
+    assert closer.tokens(matcher, room=8, next_look=8, **args) == (None, 4)
+    assert closer.tokens(matcher, room=2, next_look=2, **args) == (None, 1)
+    assert closer.tokens(matcher, room=1, next_look=1, **args) == ([], NEVER)
+    assert matcher.accept_string(".")  # incomplete again: the closer writes one digit
+    ids, _ = closer.tokens(matcher, room=1, next_look=1, **args)
+    assert ids is not None and [info.decoded_vocab[t] for t in ids] == [b"0"]
+
+
 # --- in the engine ------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def engine() -> Iterator[Engine]:
