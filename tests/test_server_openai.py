@@ -168,6 +168,21 @@ def test_response_format_is_constrained_or_clearly_unavailable(
         assert isinstance(json.loads(out.choices[0].message.content or ""), dict)
 
 
+def test_constrained_output_is_closed_at_max_tokens_unless_turned_off(
+    plait_server: Runtime,
+) -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    args: dict[str, Any] = {"response_format": fmt, "temperature": 1.0, "seed": 3}
+    closed = completion(plait_server.url, "json:", 12, **args).json()["choices"][0]
+    assert closed["finish_reason"] == "length"
+    assert isinstance(json.loads(closed["text"], strict=False)["a"], str)
+    cut = completion(plait_server.url, "json:", 12, close_on_length=False, **args).json()
+    assert cut["choices"][0]["finish_reason"] == "length"
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(cut["choices"][0]["text"], strict=False)
+
+
 @pytest.mark.parametrize("spelling", ["legacy", "format"])
 def test_response_format_structural_tag(plait_server: Runtime, spelling: str) -> None:
     schema = {

@@ -170,6 +170,7 @@ def sampling_fields(req: OpenAISampling, max_tokens: int) -> dict[str, Any]:
         "no_stop_trim": req.no_stop_trim,
         "regex": req.regex,
         "ebnf": req.ebnf,
+        "close_on_length": req.close_on_length,
     }
     for more in (format_fields(req.response_format), vllm_fields(req)):
         clash = sorted(k for k in more if fields.get(k) is not None)

@@ -125,6 +125,7 @@ class OpenAISampling(BaseModel):
     no_stop_trim: bool = False
     regex: str | None = None
     ebnf: str | None = None
+    close_on_length: bool | None = None  # plait: complete constrained output at max_tokens
     # vLLM's spellings of the constraints
     guided_json: str | dict[str, Any] | None = None
     guided_regex: str | None = None
