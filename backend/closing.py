@@ -3,19 +3,25 @@
 A JSON output cut at the token limit in the middle of a string is of no use to anyone. So
 when few tokens are left, the engine looks up a short completion of the grammar from the
 current state (`shortest_completion`) and, once the room left would soon be too small for
-it, appends it and ends the request: finish_reason "length" with `closed`, and an output
-that parses.
+it, appends it and ends the request: finish_reason "length" with `closed`.
 
 When to look: first when `CLOSE_WINDOW` tokens are left, then each time the room has halved.
 At a look, the completion is appended if the room at the next look would be less than its
-tokens plus `CLOSE_SLACK` (what the model may open in between); otherwise the model goes on.
-Each request looks at most about log2(CLOSE_WINDOW) times. An output that is already
-complete (a regex like `[a-z]+`, free text with structural tags) is left to the model until
-its last token, and closed as it is only if it is still complete then.
+tokens plus `CLOSE_SLACK` (what the model may open in between); otherwise the model goes on
+and the completion is kept as a fallback. If the model then opens more than the room can
+close (one token can open an object with many required properties; jump-forward can write
+a long forced key), or reaches the limit inside an unfinished structure, the tokens written
+since the fallback's look are taken back and the fallback is written instead, provided none
+of them was emitted: from a look with `HOLD_WINDOW` tokens left or fewer, the output after
+the fallback's look is held back from streaming until the next look. An output that
+is already complete (a regex like `[a-z]+`, text outside structural tags) is left to the
+model; only if its last token leaves it incomplete is that token taken back.
 
-The shortest JSON completion may write the same short key twice (`"":0,"":0` for
-`minProperties`); the grammar cannot reject duplicate keys, so such a completion is not
-used.
+A search that finds nothing ends the looks: each may take up to 100 ms of the scheduler
+thread, and a structure whose completion is too long to find only grows. The request keeps
+its fallback, if any. The shortest JSON completion may write the same short key twice
+(`"":0,"":0` for `minProperties`); the grammar cannot reject duplicate keys, so such a
+completion is not used (nor one for an output whose own keys repeat).
 """
 
 from __future__ import annotations
@@ -23,18 +29,42 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import xgrammar as xgr
 
-from plait.backend.jump_forward import Encoder
+from plait.backend.jump_forward import Encoder, Jump
 from plait.backend.shortest_completion import Completer, CompleterUnavailable
 
 CLOSE_WINDOW = 256  # tokens left at the first look
 CLOSE_SLACK = 4  # tokens kept in hand for what the model opens between two looks
+MAX_FAILURES = 1  # searches that find nothing before a request stops looking
+TAIL = 8  # output tokens before a fallback's look that must be unchanged to use it
+HOLD_WINDOW = 64  # from a look with this much room on, output after the fallback is held
 NEVER = -1
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """A completion found at a look: the output length then, its last tokens, the tokens,
+    and whether the output after it is held back from streaming (near the limit)."""
+
+    at: int
+    tail: tuple[int, ...]
+    ids: tuple[int, ...]
+    hold: bool = False
+
+
+@dataclass
+class CloseState:
+    """One request's closing: the room at which to look next, failed searches, fallback."""
+
+    next_look: int = CLOSE_WINDOW
+    failures: int = 0
+    fallback: Fallback | None = None
 
 
 class Closer:
@@ -47,39 +77,73 @@ class Closer:
         self.byte_tokens = {data[0]: i for i, data in enumerate(token_bytes) if len(data) == 1}
         self.unavailable = False  # set if xgrammar does not show its parser state
 
-    def tokens(
+    def plan(
         self,
         matcher: xgr.GrammarMatcher,
         *,
         output: Sequence[int],
         room: int,
-        next_look: int,
+        state: CloseState,
         is_json: bool,
-    ) -> tuple[list[int] | None, int]:
-        """(tokens to append now or None, when to look next: the room at which to look).
-        `room`: tokens the request may still write; `next_look`: the value returned last."""
-        if room > next_look or room <= 0:
-            return None, next_look
+        cut: bool,
+        sent: int = 0,
+    ) -> Jump | None:
+        """How to end the output now (remove the last `removed` tokens, append `appended`)
+        so that it is complete, or None to let the model go on. `room`: tokens the request
+        may still write; `cut`: it has just reached its limit; `sent`: output tokens already
+        emitted (never taken back)."""
+        if cut:
+            return None if matcher.is_completed() else self._fall_back(output, state, sent)
+        if room > state.next_look or room <= 0:
+            return None
+        ids = self._completion(matcher, output=output, is_json=is_json)
+        later = room // 2
+        if ids is None:
+            state.failures += 1
+            state.next_look = later if state.failures < MAX_FAILURES else NEVER
+            return None
+        if len(ids) > room:
+            state.next_look = NEVER
+            return self._fall_back(output, state, sent)
+        if not ids or later >= len(ids) + CLOSE_SLACK:
+            at = len(output)
+            tail = tuple(output[max(at - TAIL, 0) : at])
+            state.fallback = Fallback(at, tail, tuple(ids), hold=room <= HOLD_WINDOW)
+            state.next_look = max(later, 1) if room > 1 else NEVER
+            return None
+        state.next_look = NEVER
+        return Jump(0, tuple(ids))
+
+    def _fall_back(self, output: Sequence[int], state: CloseState, sent: int) -> Jump | None:
+        """The fallback, if the output still begins as it did at its look and nothing
+        after that was emitted."""
+        fb = state.fallback
+        if fb is None or not sent <= fb.at <= len(output):
+            return None
+        if tuple(output[max(fb.at - TAIL, 0) : fb.at]) != fb.tail:
+            return None  # jump-forward retokenized the tokens before the look
+        return Jump(len(output) - fb.at, fb.ids)
+
+    def _completion(
+        self, matcher: xgr.GrammarMatcher, *, output: Sequence[int], is_json: bool
+    ) -> list[int] | None:
+        """Tokens of a completion from the matcher's state, or None. A failure here is
+        logged and never reaches the scheduler."""
         if self.unavailable:
-            return None, NEVER
+            return None
         text = b"".join(self.token_bytes[t] for t in output)
         try:
-            completion = self.completer.complete(matcher, text=text, is_json=is_json)
+            found = self.completer.complete(matcher, text=text, is_json=is_json)
+            if found is None or is_json and has_duplicate_keys(text + found):
+                return None
         except CompleterUnavailable as exc:
             log.warning("close_on_length is off: %s", exc)
             self.unavailable = True
-            return None, NEVER
-        later = room // 2
-        if completion is None or is_json and has_duplicate_keys(text + completion):
-            return None, later
-        ids = self._encode(completion)
-        if not ids:  # already complete: the model may go on (or stop) until its last token
-            return ([], NEVER) if room <= 1 else (None, max(later, 1))
-        if later >= len(ids) + CLOSE_SLACK:
-            return None, later
-        if len(ids) > room:
-            return None, NEVER
-        return ids, NEVER
+            return None
+        except Exception:  # noqa: BLE001 - closing is best effort; the request goes on
+            log.exception("close_on_length: the completion search failed")
+            return None
+        return self._encode(found)
 
     def _encode(self, data: bytes) -> list[int]:
         """Canonical tokens for `data` when it is text the tokenizer round-trips, else one
@@ -95,7 +159,7 @@ class Closer:
 
 def has_duplicate_keys(data: bytes) -> bool:
     """Whether some object in the JSON text `data` repeats a key (False if it does not
-    parse: then there is nothing to say about its keys)."""
+    parse, or nests too deep to parse: then there is nothing to say about its keys)."""
     seen_twice = False
 
     def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -106,6 +170,6 @@ def has_duplicate_keys(data: bytes) -> bool:
 
     try:
         json.loads(data, object_pairs_hook=pairs, strict=False)
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
     return seen_twice

@@ -19,7 +19,7 @@ import torch
 import xgrammar as xgr
 from transformers import PreTrainedTokenizerBase
 
-from plait.backend.closing import CLOSE_WINDOW, Closer
+from plait.backend.closing import Closer, CloseState
 from plait.backend.config import EngineConfig
 from plait.backend.grammar_api import GrammarHooks, MaskWaiter
 from plait.backend.grammar_compiler import (
@@ -48,7 +48,7 @@ class RequestGrammar:
         self.compiled = compiled
         self.matcher = xgr.GrammarMatcher(compiled.grammar, override_stop_tokens=stop_ids)
         self.cursor = RegexCursor(compiled.regex_fsm) if compiled.regex_fsm else None
-        self.next_close_look = CLOSE_WINDOW
+        self.closing = CloseState()
 
     def is_terminated(self) -> bool:
         return bool(self.matcher.is_terminated())
@@ -248,22 +248,29 @@ class XGrammarBackend:
                 return False
         return True
 
-    def close(self, req: Req) -> bool:
-        """Append a completion of the grammar when the tokens left are about to run out
-        (`closing`); True when the output is now complete."""
+    def close(self, req: Req) -> int | None:
+        """Complete the output when the tokens left are about to run out, or when it has
+        just been cut at its limit (`closing`); how many trailing tokens were replaced, or
+        None when nothing was done."""
         state: RequestGrammar = req.grammar
-        room = req.params.max_new_tokens - len(req.output_ids)
-        ids, state.next_close_look = self.closer.tokens(
+        out = req.output_ids
+        jump = self.closer.plan(
             state.matcher,
-            output=req.output_ids,
-            room=room,
-            next_look=state.next_close_look,
+            output=out,
+            room=req.params.max_new_tokens - len(out),
+            state=state.closing,
             is_json=state.compiled.key.kind in JSON_KINDS,
+            cut=req.finished is not None,
+            sent=req.sent_len,
         )
-        if ids is None or not self._replace(state, removed=[], appended=ids):
-            return False
-        req.output_ids.extend(ids)
-        return True
+        fallback = state.closing.fallback
+        req.hold_from = fallback.at if fallback is not None and fallback.hold else None
+        removed = out[len(out) - jump.removed :] if jump is not None and jump.removed else []
+        if jump is None or not self._replace(state, removed=removed, appended=jump.appended):
+            return None
+        del out[len(out) - len(removed) :]
+        out.extend(jump.appended)
+        return len(removed)
 
     def release(self, req: Req) -> None:
         self.waiting.pop(req, None)

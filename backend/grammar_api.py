@@ -26,7 +26,9 @@ class GrammarHooks(Protocol):
       `req.output_ids`, after removing up to `max_rollback` trailing tokens for
       retokenization; returns how many tokens were removed.
     - `close(req)`: when the tokens left are about to run out inside an unfinished
-      structure, append a completion of the grammar to `req.output_ids`; True if it did.
+      structure (or `req` was just cut at its limit), make `req.output_ids` complete: remove
+      trailing tokens and append a completion of the grammar; returns how many tokens were
+      removed, or None when nothing was done.
     - `release(req)`: forget the request's matcher.
     """
 
@@ -40,6 +42,6 @@ class GrammarHooks(Protocol):
 
     def jump_forward(self, req: Req, max_rollback: int) -> int: ...
 
-    def close(self, req: Req) -> bool: ...
+    def close(self, req: Req) -> int | None: ...
 
     def release(self, req: Req) -> None: ...

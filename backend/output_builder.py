@@ -81,7 +81,7 @@ class OutputBuilder:
         send_input = rec.input_done and not rec.input_sent and req.params.logprob_start_len >= 0
         out = ReqOutput(
             rid=req.rid,
-            new_ids=req.output_ids[req.sent_len :],
+            new_ids=req.output_ids[req.sent_len : req.sendable_len()],
             finish=req.finished,
             prompt_tokens=req.prompt_len,
             completion_tokens=len(req.output_ids),
@@ -102,7 +102,7 @@ class OutputBuilder:
             ),
         )
         req.emitted = True
-        req.sent_len = len(req.output_ids)
+        req.sent_len = req.sendable_len()
         req.rollback = 0
         req.warnings = ()
         rec.sent_output = len(rec.output)

@@ -85,6 +85,7 @@ class Req:
         self.logprobs = LogprobRecord()
         self.grammar: Any = None
         self.sent_len = 0
+        self.hold_from: int | None = None  # output tokens from here on are not emitted yet
         self.emitted = False
         self.rollback = 0
         self.warnings: tuple[str, ...] = ()
@@ -160,6 +161,13 @@ class Req:
 
     def stop_ids_before_min(self) -> list[int]:
         return sorted(self.eos_ids | set(self.params.stop_token_ids))
+
+    def sendable_len(self) -> int:
+        """How many output tokens may have been emitted by now: all of them, except those
+        held back (`hold_from`) while the request runs."""
+        if self.finished is not None or self.hold_from is None:
+            return len(self.output_ids)
+        return max(min(self.hold_from, len(self.output_ids)), self.sent_len)
 
     # --- finishing ---------------------------------------------------------------------
     def finish(self, reason: FinishReason) -> None:

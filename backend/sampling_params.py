@@ -26,7 +26,7 @@ class SamplingParams:
     `stop` string or `stop_regex` match (`re.search` on the output text), which is cut from the
     text unless `no_stop_trim`. A constrained output about to reach `max_new_tokens` inside an
     unfinished structure is completed by the engine (`close_on_length`; finish_reason
-    "length" with `closed`) so that it still parses.
+    "length" with `closed`) so that it stays in the constraint's language.
     """
 
     max_new_tokens: int = 128

@@ -353,19 +353,28 @@ class Scheduler:
             if req.grammar is not None and self.grammar is not None:
                 self.grammar.accept(req, token)
             req.check_finished(context_len=self.runner.context_len, tail=self.outputs.tail(req))
-            if req.grammar is not None and req.finished is None and not self._close(req):
-                self._jump_forward(req)
+            if req.grammar is not None:
+                self._force(req)
+
+    def _force(self, req: Req) -> None:
+        """What the grammar writes after a sampled token: a completion when the limit is
+        near (or was just reached inside a structure), else the text it forces."""
+        if req.finished is None and not self._close(req):
+            self._jump_forward(req)
+        reason = req.finished
+        if reason is not None and reason.kind == "length" and not reason.closed:
+            self._close(req)
 
     def _close(self, req: Req) -> bool:
-        """Complete the structure when the token limit is near (`close_on_length`)."""
+        """Complete the structure at the token limit (`close_on_length`)."""
         if not req.params.close_on_length or req.params.return_logprob:
             return False
         assert self.grammar is not None
         before = len(req.output_ids)
-        if not self.grammar.close(req):
+        removed = self.grammar.close(req)
+        if removed is None:
             return False
-        tail = self.outputs.tail(req, new_tokens=len(req.output_ids) - before)
-        req.check_finished(context_len=self.runner.context_len, tail=tail)
+        self._rewritten(req, kept=before - removed)
         if req.finished is None or req.finished.kind == "length":
             req.finished = FinishReason("length", closed=True)
         return True
@@ -381,12 +390,18 @@ class Scheduler:
         max_rollback = min(len(req.output_ids), req.kv_len - req.cached_len + 1)
         before = len(req.output_ids)
         removed = self.grammar.jump_forward(req, max_rollback)
-        kept = before - removed
-        if removed:
-            self.kv.truncate(req, min(req.kv_len, req.prompt_len + kept))
-            if req.sent_len > kept:
-                req.rollback += req.sent_len - kept
-                req.sent_len = kept
+        self._rewritten(req, kept=before - removed)
+
+    def _rewritten(self, req: Req, *, kept: int) -> None:
+        """The grammar replaced the output tokens from `kept` on: forget their KV (below
+        `cached_len` it is the tree's, keyed by the old tokens, and the request ends there),
+        take back what was streamed, and look for stops in the new tokens."""
+        if kept < req.kv_len - req.prompt_len:
+            new_len = max(req.cached_len, req.prompt_len + kept)
+            self.kv.truncate(req, new_len)
+        if req.sent_len > kept:
+            req.rollback += req.sent_len - kept
+            req.sent_len = kept
         forced = len(req.output_ids) - kept  # stops may lie in the forced text too
         tail = self.outputs.tail(req, new_tokens=forced) if forced > 0 else None
         req.check_finished(context_len=self.runner.context_len, tail=tail)
@@ -397,6 +412,6 @@ class Scheduler:
             if req.finished is not None:
                 self.running.remove(req)
                 self._release(req)
-            if req.finished is not None or len(req.output_ids) > req.sent_len:
+            if req.finished is not None or req.sendable_len() > req.sent_len:
                 out.append(self.outputs.emit(req))
         return out

@@ -15,7 +15,9 @@ every alternative.
 Nodes are merged when their parser states are equal: xgrammar's matcher reports the Earley
 items of its last step (`_debug_print_internal_state`), and an item's start position is kept
 as is when it lies before the search began (in the text both nodes share) and made relative
-to the end otherwise. For JSON the lexical state is added (the open containers with the
+to the end otherwise. A repetition (`[a-z]{5,}`) shows the same items after each byte while
+it counts, so the number of bytes in a row that kept the items is part of the identity (up
+to `MAX_RUN`). For JSON the lexical state is added (the open containers with the
 separators written in each since the search began), since the items only show the
 innermost rule. A merge can make the answer longer or make the search miss one, never
 wrong: every byte of an answer was accepted by a real matcher.
@@ -39,7 +41,8 @@ MAX_TRIALS = 4000  # bytes tried per search before giving up (each takes 5-50 us
 MAX_SECONDS = 0.1  # and a wall-clock stop: a few regex states take ~1 ms per mask
 BEST_FIRST = 0.25  # share of the budget for the A* pass; the depth-first pass gets the rest
 MAX_DEPTH = 1024  # bytes a depth-first completion may take
-WEIGHT = 3  # A* weight on the estimate: prefer closing over writing more content
+MAX_RUN = 64  # bytes in a row that keep a node's parser items (minLength 64, [a-z]{64})
+WEIGHT = 3  # A* weight on the estimate (and on repeated bytes): prefer closing to content
 # Printable ASCII without the backslash, and UTF-8 continuation bytes (to finish a character
 # the output was cut in): completions need no escapes or new multi-byte characters (unless a
 # pattern demands them; then the search finds nothing).
@@ -50,7 +53,7 @@ ITEM = re.compile(
 )
 
 Item = tuple[int, int, int, int, int]
-Key = tuple[frozenset[Item], object]
+Key = tuple[frozenset[Item], int, object]
 
 
 class CompleterUnavailable(RuntimeError):
@@ -60,12 +63,16 @@ class CompleterUnavailable(RuntimeError):
 @dataclass
 class _Node:
     """A search state: the bytes written since the search began, the JSON lexical state (if
-    JSON), and, once kept, its matcher and the single-byte tokens it allows."""
+    JSON), its parser items and for how many bytes in a row they have not changed (a
+    repetition like `[a-z]{5,}` keeps its items while it counts), and, once kept, its
+    matcher and the single-byte tokens it allows."""
 
     text: bytes
     lex: JsonLex | None
     matcher: xgr.GrammarMatcher | None = None
     allowed: tuple[tuple[int, bytes], ...] = ()
+    items: frozenset[Item] = frozenset()
+    run: int = 1
 
     @property
     def estimate(self) -> int:
@@ -136,7 +143,7 @@ class Completer:
         """Weighted A*: short completions, found in a few trials when closing is enough."""
         root.matcher = matcher.fork()
         heap = [(root.estimate, 0, 0, root)]
-        seen = {self._key(matcher, root, base)}
+        seen = {self._key(matcher, root, base, None)}
         while heap:
             node = heapq.heappop(heap)[3]
             assert node.matcher is not None
@@ -147,13 +154,14 @@ class Completer:
                 if node.matcher.is_completed():
                     return node.text + data
                 child = node.child(data)
-                key = self._key(node.matcher, child, base)
-                if key not in seen:
+                key = self._key(node.matcher, child, base, node)
+                if child.run <= MAX_RUN and key not in seen:
                     seen.add(key)
                     child.matcher = node.matcher.fork()
                     child.allowed = self._allowed(child.matcher)
                     cost = len(child.text)
-                    heapq.heappush(heap, (cost + WEIGHT * child.estimate, -cost, len(seen), child))
+                    rank = cost + WEIGHT * (child.estimate + child.run - 1)
+                    heapq.heappush(heap, (rank, -cost, len(seen), child))
                 node.matcher.rollback(1)
         return None
 
@@ -164,7 +172,7 @@ class Completer:
         back on the way up): longer completions, but it does not drown in alternatives
         when many required properties are still to be written."""
         path = [(root, iter(root.allowed))]
-        seen = {self._key(matcher, root, base)}
+        seen = {self._key(matcher, root, base, None)}
         while path:
             node, children = path[-1]
             for token, data in children:
@@ -174,8 +182,8 @@ class Completer:
                 if matcher.is_completed():
                     return node.text + data
                 child = node.child(data)
-                key = self._key(matcher, child, base)
-                if key not in seen and len(child.text) < MAX_DEPTH:
+                key = self._key(matcher, child, base, node)
+                if child.run <= MAX_RUN and key not in seen and len(child.text) < MAX_DEPTH:
                     seen.add(key)
                     child.allowed = self._allowed(matcher)
                     path.append((child, iter(child.allowed)))
@@ -188,15 +196,17 @@ class Completer:
         return None
 
     @staticmethod
-    def _key(matcher: xgr.GrammarMatcher, node: _Node, base: int) -> Key:
-        """The node's identity: its Earley items, start positions after `base` (where the
-        search began) made relative to the end, plus its JSON lexical state."""
+    def _key(matcher: xgr.GrammarMatcher, node: _Node, base: int, parent: _Node | None) -> Key:
+        """The node's identity (and its `items` and `run` set): its Earley items, start
+        positions after `base` (where the search began) made relative to the end; how many
+        bytes in a row kept those items; its JSON lexical state."""
         end = base + len(node.text)
-        items = frozenset(
+        node.items = frozenset(
             (rule, seq, elem, sub, start if start <= base else start - end - 2)
             for rule, seq, elem, start, sub in parser_items(matcher)
         )
-        return items, node.lex.key if node.lex is not None else None
+        node.run = parent.run + 1 if parent is not None and parent.items == node.items else 1
+        return node.items, node.run, node.lex.key if node.lex is not None else None
 
     def _allowed(self, matcher: xgr.GrammarMatcher) -> tuple[tuple[int, bytes], ...]:
         """The single-byte tokens the state allows, in search order."""

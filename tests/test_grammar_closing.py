@@ -16,11 +16,20 @@ from transformers import PreTrainedTokenizerBase
 
 from helpers import tiny_engine
 from plait.backend.builtin_models import resolve_model_path
-from plait.backend.closing import CLOSE_SLACK, NEVER, Closer, has_duplicate_keys
+from plait.backend.closing import (
+    CLOSE_SLACK,
+    NEVER,
+    TAIL,
+    Closer,
+    CloseState,
+    Fallback,
+    has_duplicate_keys,
+)
 from plait.backend.engine import Engine
 from plait.backend.grammar import make_encoder, tokenizer_info
 from plait.backend.grammar_compiler import COMPACT_SEPARATORS
 from plait.backend.json_lexer import JsonLex
+from plait.backend.jump_forward import Jump
 from plait.backend.loader import load_tokenizer
 from plait.backend.schema_rewrite import search_pattern
 from plait.backend.shortest_completion import Completer, parser_items
@@ -34,6 +43,9 @@ PERSON = {
     },
     "required": ["name", "tags", "age"],
 }
+
+
+PERSON_LIST = {"type": "array", "items": PERSON}
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +115,22 @@ def test_completion_is_short_and_accepted(
     assert validates(schema, json.loads(text + completion))
 
 
+def test_search_counts_a_repetition_whose_parser_items_do_not_change(
+    compiler: xgr.GrammarCompiler, completer: Completer
+) -> None:
+    """`minLength` is a counted repetition: xgrammar shows the same items after each byte,
+    so the bytes written in a row are part of a state's identity."""
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "string", "minLength": 5}, "b": {"type": "integer"}},
+        "required": ["a", "b"],
+    }
+    matcher = json_matcher(compiler, schema, '{"a":"x')
+    found = completer.complete(matcher, text=b'{"a":"x', is_json=True)
+    assert found is not None and validates(schema, json.loads(b'{"a":"x' + found))
+    assert len(found) == len('xxxx","b":0}')
+
+
 def test_search_finds_a_word_a_pattern_needs_inside_a_free_string(
     compiler: xgr.GrammarCompiler, completer: Completer
 ) -> None:
@@ -145,38 +173,96 @@ def test_parser_state_format_is_understood(compiler: xgr.GrammarCompiler) -> Non
 
 
 # --- when the closer acts -----------------------------------------------------------------
+@pytest.fixture
+def closer(info: xgr.TokenizerInfo, tokenizer: PreTrainedTokenizerBase) -> Closer:
+    return Closer(token_bytes=list(info.decoded_vocab), encode=make_encoder(tokenizer))
+
+
+def step(matcher: Any, output: list[int], ids: list[int]) -> None:
+    """The model writes `ids`."""
+    for token in ids:
+        assert matcher.accept_token(token)
+    output.extend(ids)
+
+
 def test_closer_looks_when_the_room_halves_and_closes_just_in_time(
-    compiler: xgr.GrammarCompiler, info: xgr.TokenizerInfo, tokenizer: PreTrainedTokenizerBase
+    compiler: xgr.GrammarCompiler, closer: Closer, tokenizer: PreTrainedTokenizerBase
 ) -> None:
-    token_bytes = list(info.decoded_vocab)
-    closer = Closer(token_bytes=token_bytes, encode=make_encoder(tokenizer))
-    text = '{"a":[{"b":"x'
-    output = tokenizer.encode(text, add_special_tokens=False)
-    matcher = json_matcher(compiler, {"type": "object"}, text)
-    args: dict[str, Any] = {"output": output, "is_json": True}
-    assert closer.tokens(matcher, room=300, next_look=256, **args) == (None, 256)
-    assert closer.tokens(matcher, room=200, next_look=256, **args) == (None, 100)
-    need = len(make_encoder(tokenizer)('"}]}'))
-    at = 2 * (need + CLOSE_SLACK) - 1  # half of it is below what the completion needs
-    ids, later = closer.tokens(matcher, room=at, next_look=at, **args)
-    assert ids is not None and later == NEVER
-    assert b"".join(token_bytes[t] for t in ids) == b'"}]}'
-    assert closer.tokens(matcher, room=need - 1, next_look=need, **args) == (None, NEVER)
+    encode = make_encoder(tokenizer)
+    output = encode('{"a":[{"b":"x')
+    matcher = json_matcher(compiler, {"type": "object"}, '{"a":[{"b":"x')
+    state = CloseState()
+    args: dict[str, Any] = {"output": output, "state": state, "is_json": True, "cut": False}
+    assert closer.plan(matcher, room=300, **args) is None and state.next_look == 256
+    closing = tuple(encode('"}]}'))
+    assert closer.plan(matcher, room=200, **args) is None and state.next_look == 100
+    assert state.fallback == Fallback(len(output), tuple(output[-TAIL:]), closing)
+    at = 2 * (len(closing) + CLOSE_SLACK) - 1  # half of it is below what closing needs
+    state.next_look = at
+    assert closer.plan(matcher, room=at, **args) == Jump(0, closing)
+    assert state.next_look == NEVER
 
 
-def test_closer_leaves_complete_output_to_the_model_until_its_last_token(
-    compiler: xgr.GrammarCompiler, info: xgr.TokenizerInfo, tokenizer: PreTrainedTokenizerBase
+def test_closer_falls_back_to_its_last_look_when_the_model_opens_too_much(
+    compiler: xgr.GrammarCompiler, closer: Closer, tokenizer: PreTrainedTokenizerBase
 ) -> None:
-    closer = Closer(token_bytes=list(info.decoded_vocab), encode=make_encoder(tokenizer))
+    encode = make_encoder(tokenizer)
+    matcher = json_matcher(compiler, PERSON_LIST, "")
+    step(matcher, output := [], encode('[{"name":"x'))
+    state = CloseState()
+    args: dict[str, Any] = {"output": output, "state": state, "is_json": True}
+    assert closer.plan(matcher, room=100, cut=False, **args) is None
+    fallback = state.fallback
+    assert fallback is not None and fallback.at == len(output)
+    written = encode('yz","tags":[],"age":1234},{"name":"')
+    step(matcher, output, written)
+    assert closer.plan(matcher, room=0, cut=True, **args) == Jump(len(written), fallback.ids)
+    state.next_look = 2  # a look where today's completion does not fit: same fallback
+    assert closer.plan(matcher, room=2, cut=False, **args) == Jump(len(written), fallback.ids)
+    output[fallback.at - 1] += 1  # the tokens before the look changed: no fallback
+    assert closer.plan(matcher, room=0, cut=True, **args) is None
+
+
+def test_closer_leaves_complete_output_to_the_model(
+    compiler: xgr.GrammarCompiler, closer: Closer, tokenizer: PreTrainedTokenizerBase
+) -> None:
+    """A complete output is never ended early; if its last token leaves it incomplete,
+    that token is taken back."""
+    encode = make_encoder(tokenizer)
     matcher = xgr.GrammarMatcher(compiler.compile_regex("[0-9]+(\\.[0-9]+)?"))
-    assert matcher.accept_string("12")
-    args: dict[str, Any] = {"output": make_encoder(tokenizer)("12"), "is_json": False}
-    assert closer.tokens(matcher, room=8, next_look=8, **args) == (None, 4)
-    assert closer.tokens(matcher, room=2, next_look=2, **args) == (None, 1)
-    assert closer.tokens(matcher, room=1, next_look=1, **args) == ([], NEVER)
-    assert matcher.accept_string(".")  # incomplete again: the closer writes one digit
-    ids, _ = closer.tokens(matcher, room=1, next_look=1, **args)
-    assert ids is not None and [info.decoded_vocab[t] for t in ids] == [b"0"]
+    step(matcher, output := [], encode("12"))
+    state = CloseState()
+    args: dict[str, Any] = {"output": output, "state": state, "is_json": False, "cut": False}
+    assert closer.plan(matcher, room=8, **args) is None and state.next_look == 4
+    state.next_look = 1
+    assert closer.plan(matcher, room=1, **args) is None and state.next_look == NEVER
+    step(matcher, output, encode("."))
+    assert closer.plan(matcher, room=0, **{**args, "cut": True}) == Jump(1, ())
+
+
+def test_closer_turns_itself_off_when_the_parser_state_is_unreadable(
+    compiler: xgr.GrammarCompiler, closer: Closer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    matcher = json_matcher(compiler, {"type": "object"}, '{"a":"x')
+    monkeypatch.setattr(xgr.GrammarMatcher, "_debug_print_internal_state", lambda self: "?")
+    state = CloseState(next_look=8)
+    args: dict[str, Any] = {"output": [], "state": state, "is_json": True, "cut": False}
+    assert closer.plan(matcher, room=8, **args) is None and closer.unavailable
+    assert closer.plan(matcher, room=4, **args) is None  # no more searches
+
+
+def test_a_failing_search_ends_the_looks_and_never_reaches_the_scheduler(
+    compiler: xgr.GrammarCompiler, closer: Closer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def boom(*args: Any, **kwargs: Any) -> bytes:
+        raise RecursionError("too deep")
+
+    monkeypatch.setattr(closer.completer, "complete", boom)
+    matcher = json_matcher(compiler, {"type": "object"}, '{"a":"x')
+    state = CloseState(next_look=64)
+    args: dict[str, Any] = {"output": [], "state": state, "is_json": True, "cut": False}
+    assert closer.plan(matcher, room=64, **args) is None and state.next_look == NEVER
+    assert not closer.unavailable
 
 
 # --- in the engine ------------------------------------------------------------------------
@@ -205,6 +291,50 @@ def test_streamed_closed_output_matches_the_whole(engine: Engine) -> None:
     assert parts[-1]["finish_reason"] == full["finish_reason"] == {"type": "length", "closed": True}
 
 
+def test_engine_falls_back_when_a_forced_key_takes_the_room(
+    engine: Engine, tokenizer: PreTrainedTokenizerBase
+) -> None:
+    """Each new object forces a 49-token key (jump-forward writes it in one step), more than
+    the slack between two looks: the closer takes back what was written since its last
+    look and closes from there."""
+    key = "_".join(f"w{i}q{i * 7}z" for i in range(8))
+    schema = {
+        "type": "array",
+        "items": {"type": "object", "properties": {key: {"type": "integer"}}, "required": [key]},
+    }
+    encode = make_encoder(tokenizer)
+    bias = {encode(",")[0]: 60.0, encode("0")[0]: 60.0, encode("[")[0]: 60.0}
+    bias[encode("]")[0]] = -100.0
+    limits = (60, 90, 120, 150, 180, 210)
+    params = [
+        {"max_new_tokens": n, "json_schema": schema, "logit_bias": bias, "temperature": 0.0}
+        for n in limits
+    ]
+    outs = engine.generate(["List:"] * len(limits), params)
+    for n, out in zip(limits, outs, strict=True):
+        assert out["finish_reason"] == {"type": "length", "closed": True}
+        assert len(out["output_ids"]) <= n
+        assert out["text"] == tokenizer.decode(out["output_ids"])
+        assert validates(schema, json.loads(out["text"]))
+    parts = list(engine.generate("List:", params[2], stream=True))
+    ids: list[int] = []
+    for part in parts:  # rollbacks are jump-forward's retokenization, which keeps the text
+        del ids[len(ids) - part["rollback"] :]
+        ids += part["output_ids"]
+    assert ids == outs[2]["output_ids"]
+    assert "".join(p["text"] for p in parts) == outs[2]["text"]  # nothing sent was taken back
+
+
+def test_engine_keeps_every_token_of_an_output_that_stays_complete(engine: Engine) -> None:
+    no_eos = {0: -100.0, 1: -100.0, 2: -100.0, 3: -100.0}
+    limits = (2, 5, 8, 20)
+    params = [
+        {"max_new_tokens": n, "regex": "[a-z]+", "seed": 3, "logit_bias": no_eos} for n in limits
+    ]
+    for n, out in zip(limits, engine.generate(["Word:"] * len(limits), params), strict=True):
+        assert out["finish_reason"] == {"type": "length"} and len(out["output_ids"]) == n
+
+
 def test_engine_leaves_the_cut_when_closing_is_off(engine: Engine) -> None:
     params = {"max_new_tokens": 24, "seed": 0, "json_schema": PERSON, "close_on_length": False}
     out = engine.generate("JSON:", params)
@@ -228,16 +358,4 @@ def test_duplicate_keys_are_detected() -> None:
     assert has_duplicate_keys(b'{"a":{"":0,"":1}}') and has_duplicate_keys(b'[{"x":1,"x":1}]')
     assert not has_duplicate_keys(b'{"a":{"":0,"b":1},"b":[{"":2}]}')
     assert not has_duplicate_keys(b'{"a":')  # does not parse: nothing to say
-
-
-def test_closer_turns_itself_off_when_the_parser_state_is_unreadable(
-    compiler: xgr.GrammarCompiler,
-    info: xgr.TokenizerInfo,
-    tokenizer: PreTrainedTokenizerBase,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    closer = Closer(token_bytes=list(info.decoded_vocab), encode=make_encoder(tokenizer))
-    matcher = json_matcher(compiler, {"type": "object"}, '{"a":"x')
-    monkeypatch.setattr(xgr.GrammarMatcher, "_debug_print_internal_state", lambda self: "?")
-    args: dict[str, Any] = {"output": [], "is_json": True, "room": 8, "next_look": 8}
-    assert closer.tokens(matcher, **args) == (None, NEVER) and closer.unavailable
+    assert not has_duplicate_keys(b"[" * 5000 + b"]" * 5000)  # too deep for json: the same
