@@ -34,12 +34,11 @@ from typing import Any
 
 import xgrammar as xgr
 
-from plait.backend.jump_forward import Encoder, Jump
+from plait.backend.jump_forward import Jump, Retokenizer
 from plait.backend.shortest_completion import Completer, CompleterUnavailable
 
 CLOSE_WINDOW = 256  # tokens left at the first look
 CLOSE_SLACK = 4  # tokens kept in hand for what the model opens between two looks
-MAX_FAILURES = 1  # searches that find nothing before a request stops looking
 TAIL = 8  # output tokens before a fallback's look that must be unchanged to use it
 HOLD_WINDOW = 64  # from a look with this much room on, output after the fallback is held
 NEVER = -1
@@ -60,21 +59,18 @@ class Fallback:
 
 @dataclass
 class CloseState:
-    """One request's closing: the room at which to look next, failed searches, fallback."""
+    """One request's closing: the room at which to look next, and its fallback."""
 
     next_look: int = CLOSE_WINDOW
-    failures: int = 0
     fallback: Fallback | None = None
 
 
 class Closer:
     """Decides when to close a request's structure and gives the tokens that close it."""
 
-    def __init__(self, *, token_bytes: Sequence[bytes], encode: Encoder) -> None:
-        self.token_bytes = token_bytes
-        self.encode = encode
-        self.completer = Completer(token_bytes=token_bytes)
-        self.byte_tokens = {data[0]: i for i, data in enumerate(token_bytes) if len(data) == 1}
+    def __init__(self, *, retokenizer: Retokenizer) -> None:
+        self.retokenizer = retokenizer
+        self.completer = Completer(token_bytes=retokenizer.token_bytes)
         self.unavailable = False  # set if xgrammar does not show its parser state
 
     def plan(
@@ -99,8 +95,7 @@ class Closer:
         ids = self._completion(matcher, output=output, is_json=is_json)
         later = room // 2
         if ids is None:
-            state.failures += 1
-            state.next_look = later if state.failures < MAX_FAILURES else NEVER
+            state.next_look = NEVER
             return None
         if len(ids) > room:
             state.next_look = NEVER
@@ -131,7 +126,7 @@ class Closer:
         logged and never reaches the scheduler."""
         if self.unavailable:
             return None
-        text = b"".join(self.token_bytes[t] for t in output)
+        text = self.retokenizer.bytes_of(output)
         try:
             found = self.completer.complete(matcher, text=text, is_json=is_json)
             if found is None or is_json and has_duplicate_keys(text + found):
@@ -149,12 +144,12 @@ class Closer:
         """Canonical tokens for `data` when it is text the tokenizer round-trips, else one
         token per byte (the request ends here, so the seam is never read by the model)."""
         try:
-            ids = self.encode(data.decode("utf-8"))
+            ids = self.retokenizer.encode(data.decode("utf-8"))
         except UnicodeDecodeError:
             ids = []
-        if b"".join(self.token_bytes[t] for t in ids) == data:
+        if self.retokenizer.bytes_of(ids) == data:
             return ids
-        return [self.byte_tokens[b] for b in data]
+        return [self.completer.byte_tokens[b] for b in data]
 
 
 def has_duplicate_keys(data: bytes) -> bool:

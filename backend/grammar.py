@@ -31,7 +31,7 @@ from plait.backend.grammar_compiler import (
     grammar_key,
     new_compiler,
 )
-from plait.backend.jump_forward import Encoder, Retokenizer
+from plait.backend.jump_forward import Encoder, Jump, Retokenizer
 from plait.backend.regex_fsm import RegexCursor
 from plait.backend.req import FinishReason, Req
 from plait.kernels.bitmask import prepare_cpu_kernel
@@ -136,7 +136,7 @@ class XGrammarBackend:
             compiler=new_compiler(info), capacity=config.grammar_cache_size, workers=COMPILE_WORKERS
         )
         self.retokenizer = retokenizer
-        self.closer = Closer(token_bytes=retokenizer.token_bytes, encode=retokenizer.encode)
+        self.closer = Closer(retokenizer=retokenizer)
         self.filler = MaskFiller(vocab_size=info.vocab_size, pin=pin)
         self.waiting: dict[Req, _Waiting] = {}
         self.compile_log: deque[float] = deque(maxlen=TIMING_LOG_SIZE)
@@ -226,13 +226,17 @@ class XGrammarBackend:
         tail = out[len(out) - max_rollback :] if max_rollback > 0 else []
         room = req.params.max_new_tokens - len(out)
         plan = self.retokenizer.plan(tail=tail, forced=forced, room=room)
-        if plan is None or not self._replace(
-            state, removed=out[len(out) - plan.removed :], appended=plan.appended
-        ):
-            return 0
-        del out[len(out) - plan.removed :]
-        out.extend(plan.appended)
-        return plan.removed
+        return plan.removed if plan is not None and self._apply(state, out, plan) else 0
+
+    def _apply(self, state: RequestGrammar, out: list[int], jump: Jump) -> bool:
+        """Replace the last `jump.removed` tokens of `out` by `jump.appended`, matcher
+        included; False (nothing changed) if the grammar rejects them."""
+        removed = out[len(out) - jump.removed :] if jump.removed else []
+        if not self._replace(state, removed=removed, appended=jump.appended):
+            return False
+        del out[len(out) - len(removed) :]
+        out.extend(jump.appended)
+        return True
 
     def _replace(
         self, state: RequestGrammar, *, removed: list[int], appended: Sequence[int]
@@ -265,12 +269,7 @@ class XGrammarBackend:
         )
         fallback = state.closing.fallback
         req.hold_from = fallback.at if fallback is not None and fallback.hold else None
-        removed = out[len(out) - jump.removed :] if jump is not None and jump.removed else []
-        if jump is None or not self._replace(state, removed=removed, appended=jump.appended):
-            return None
-        del out[len(out) - len(removed) :]
-        out.extend(jump.appended)
-        return len(removed)
+        return jump.removed if jump is not None and self._apply(state, out, jump) else None
 
     def release(self, req: Req) -> None:
         self.waiting.pop(req, None)

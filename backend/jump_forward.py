@@ -47,20 +47,20 @@ class Retokenizer:
         """How to append `forced` after an output ending in `tail` (the tokens that may be
         removed) when `room` more tokens fit; None when nothing would be gained."""
         window = self._window(tail)
-        old = self._bytes(window)
+        old = self.bytes_of(window)
         new = old + forced.encode("utf-8")
         try:
             ids = self.encode(new.decode("utf-8"))
         except UnicodeDecodeError:
             return None
-        if self._bytes(ids) != new:
+        if self.bytes_of(ids) != new:
             return None  # the tokenizer does not round-trip this text
         keep = _common_prefix(ids, window)
         while 0 < keep < len(window) and _starts_mid_char(self.token_bytes[window[keep]]):
             keep -= 1
         removed = len(window) - keep
         appended = self._trim(ids[keep:][: max(room + removed, 0)])
-        gained = len(self._bytes(appended)) - len(self._bytes(window[keep:]))
+        gained = len(self.bytes_of(appended)) - len(self.bytes_of(window[keep:]))
         return Jump(removed, tuple(appended)) if gained > 0 else None
 
     def _window(self, tail: Sequence[int]) -> list[int]:
@@ -74,7 +74,7 @@ class Retokenizer:
         """Drop the longest run of final tokens whose text could still grow into a longer
         token, then any final tokens that end inside a UTF-8 character."""
         ids = ids[: self._mergeable_start(ids)]
-        while ids and utf8_complete_len(self._bytes(ids[-4:])) != len(self._bytes(ids[-4:])):
+        while ids and utf8_complete_len(self.bytes_of(ids[-4:])) != len(self.bytes_of(ids[-4:])):
             ids = ids[:-1]
         return ids
 
@@ -88,7 +88,7 @@ class Retokenizer:
                 start = i
         return start
 
-    def _bytes(self, ids: Sequence[int]) -> bytes:
+    def bytes_of(self, ids: Sequence[int]) -> bytes:
         return b"".join(self.token_bytes[t] for t in ids)
 
 

@@ -112,9 +112,9 @@ class Completer:
         max_trials: int = MAX_TRIALS,
         max_seconds: float = MAX_SECONDS,
     ) -> None:
-        singles = {data[0]: i for i, data in enumerate(token_bytes) if len(data) == 1}
-        alphabet = sorted(set(singles) & ALPHABET, key=_order)
-        self.ids = [singles[b] for b in alphabet]
+        self.byte_tokens = {data[0]: i for i, data in enumerate(token_bytes) if len(data) == 1}
+        alphabet = sorted(set(self.byte_tokens) & ALPHABET, key=_order)
+        self.ids = [self.byte_tokens[b] for b in alphabet]
         index = np.array(self.ids, dtype=np.int64)
         self.words, self.shifts = index >> 5, (index & 31).astype(np.int32)
         self.bytes_of = [token_bytes[t] for t in self.ids]

@@ -29,7 +29,7 @@ from plait.backend.engine import Engine
 from plait.backend.grammar import make_encoder, tokenizer_info
 from plait.backend.grammar_compiler import COMPACT_SEPARATORS
 from plait.backend.json_lexer import JsonLex
-from plait.backend.jump_forward import Jump
+from plait.backend.jump_forward import Jump, Retokenizer
 from plait.backend.loader import load_tokenizer
 from plait.backend.schema_rewrite import search_pattern
 from plait.backend.shortest_completion import Completer, parser_items
@@ -175,7 +175,8 @@ def test_parser_state_format_is_understood(compiler: xgr.GrammarCompiler) -> Non
 # --- when the closer acts -----------------------------------------------------------------
 @pytest.fixture
 def closer(info: xgr.TokenizerInfo, tokenizer: PreTrainedTokenizerBase) -> Closer:
-    return Closer(token_bytes=list(info.decoded_vocab), encode=make_encoder(tokenizer))
+    retokenizer = Retokenizer(token_bytes=list(info.decoded_vocab), encode=make_encoder(tokenizer))
+    return Closer(retokenizer=retokenizer)
 
 
 def step(matcher: Any, output: list[int], ids: list[int]) -> None:
