@@ -3,21 +3,24 @@
 A byte-level BPE token may hold part of a multi-byte character; decoding it alone gives
 U+FFFD. Each request keeps a small window of ids (prefix_offset..read_offset) and emits new
 text only once it no longer ends in a partial character. With stop strings or regexes, the
-last characters in which a stop could begin (`hold_back_chars`) are held back until the request
-ends, so a stop is never streamed and then retracted.
+last characters in which a stop could begin (`DetokOptions.hold_chars`) are held back until
+the request ends, so a stop is never streamed and then retracted; the scheduler, which found
+the stop, says how much of the end the final text leaves out (`FinishReason.trim_chars`).
+Emitted ids never change (the grammar holds back what it may still rewrite).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
 from dataclasses import dataclass, field
 
 from plait.backend.messages import DetokOptions, ReqOutput, ReqStrOut
-from plait.backend.stop_conditions import StopRegexTimeout, Tail, first_stop, hold_back_chars
+from plait.backend.tokenizer_utils import DecodeFn
 
 REPLACEMENT = "\ufffd"
-DEFAULT_OPTIONS = DetokOptions(skip_special_tokens=True, stop=())
-DecodeFn = Callable[[list[int], bool], str]
+DEFAULT_OPTIONS = DetokOptions(skip_special_tokens=True)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -37,29 +40,36 @@ class Detokenizer:
     def __init__(self, *, decode: DecodeFn) -> None:
         self.decode = decode
         self.states: dict[str, DecodeState] = {}
-        self.options: dict[str, tuple[DetokOptions, int]] = {}  # with its hold-back
+        self.options: dict[str, DetokOptions] = {}
 
     def process(self, outputs: list[ReqOutput]) -> list[ReqStrOut]:
-        return [ReqStrOut(out=o, text_delta=self.step(o)) for o in outputs]
+        """Text increments of a batch; a request whose text cannot be decoded gets an empty
+        increment (and loses its state), the others are not affected."""
+        return [ReqStrOut(out=o, text_delta=self._guarded_step(o)) for o in outputs]
+
+    def _guarded_step(self, out: ReqOutput) -> str:
+        try:
+            return self.step(out)
+        except Exception:  # noqa: BLE001 - one bad decode must not lose the others
+            log.exception("detokenizing %s failed", out.rid)
+            self.forget(out.rid)
+            return ""
 
     def step(self, out: ReqOutput) -> str:
         """Text newly available for `out.rid` (all remaining text when it finishes)."""
         if out.detok_options is not None:
-            opts = out.detok_options
-            self.options[out.rid] = (opts, hold_back_chars(opts.stop, opts.stop_regex))
-        opts, hold = self.options.get(out.rid, (DEFAULT_OPTIONS, 0))
-        skip = opts.skip_special_tokens
+            self.options[out.rid] = out.detok_options
+        opts = self.options.get(out.rid, DEFAULT_OPTIONS)
         state = self.states.setdefault(out.rid, DecodeState())
-        if out.rollback:
-            self._rollback(state, out.rollback, skip)
         state.ids.extend(out.new_ids)
-        state.text += self._advance(state, skip, final=out.finish is not None)
+        final = out.finish is not None
+        state.text += self._advance(state, opts.skip_special_tokens, final=final)
         if out.finish is not None:
-            del self.states[out.rid]
-            self.options.pop(out.rid, None)
-            text = _trim_stop(state.text, out.finish.matched, opts)
+            self.forget(out.rid)
+            trim = out.finish.trim_chars
+            text = state.text[: len(state.text) - trim] if trim else state.text
             return text[state.emitted :]
-        visible = len(state.text) - hold
+        visible = len(state.text) - opts.hold_chars
         delta = state.text[state.emitted : max(visible, state.emitted)]
         state.emitted += len(delta)
         return delta
@@ -72,29 +82,6 @@ class Detokenizer:
         state.prefix_offset, state.read_offset = state.read_offset, len(state.ids)
         return full[len(prefix) :]
 
-    def _rollback(self, state: DecodeState, n: int, skip: bool) -> None:
-        """Jump-forward replaced the last `n` ids: re-decode from scratch (text is unchanged
-        up to what was emitted, because retokenization preserves the string)."""
-        state.ids = state.ids[: len(state.ids) - n]
-        state.text = self.decode(state.ids, skip)
-        state.prefix_offset = state.read_offset = len(state.ids)
-        if not state.text.endswith(REPLACEMENT):
-            return
-        state.prefix_offset = state.read_offset = max(0, len(state.ids) - 4)
-        state.text = self.decode(state.ids[: state.read_offset], skip)
-
     def forget(self, rid: str) -> None:
         self.states.pop(rid, None)
         self.options.pop(rid, None)
-
-
-def _trim_stop(text: str, matched: int | str | None, opts: DetokOptions) -> str:
-    """Cut the text before its first stop string or regex match (`no_stop_trim`: leave it
-    whole, as SGLang does)."""
-    if not isinstance(matched, str) or opts.no_stop_trim:
-        return text
-    try:
-        hit = first_stop(Tail(text), opts.stop, opts.stop_regex)
-    except StopRegexTimeout:  # the scheduler reported it; nothing to cut by
-        return text
-    return text if hit is None else text[: hit.start]

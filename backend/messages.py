@@ -51,10 +51,8 @@ class ControlReply:
 
 @dataclass(frozen=True)
 class ReqOutput:
-    """What one request produced in one step (ids since the previous emission).
-
-    `rollback` counts previously emitted ids that jump-forward retokenization replaced.
-    """
+    """What one request produced in one step (ids since the previous emission; emitted ids
+    never change)."""
 
     rid: str
     new_ids: list[int]
@@ -66,17 +64,17 @@ class ReqOutput:
     output_top_logprobs: list[list[Logprob]] = field(default_factory=list)
     input_logprobs: list[tuple[float | None, int]] | None = None
     input_top_logprobs: list[list[Logprob] | None] | None = None
-    rollback: int = 0
     warnings: tuple[str, ...] = ()
     detok_options: DetokOptions | None = None  # sent with a request's first output only
 
 
 @dataclass(frozen=True)
 class DetokOptions:
+    """How to turn a request's ids into text: `hold_chars` is how many final characters
+    to keep unsent while it runs (a stop string or regex match may begin in them)."""
+
     skip_special_tokens: bool
-    stop: tuple[str, ...]
-    stop_regex: tuple[str, ...] = ()
-    no_stop_trim: bool = False
+    hold_chars: int = 0
 
 
 @dataclass(frozen=True)

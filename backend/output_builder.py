@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from plait.backend.messages import DetokOptions, ReqOutput
 from plait.backend.req import Req
-from plait.backend.stop_conditions import CONTEXT_TOKENS, Tail, window_chars
+from plait.backend.stop_conditions import CONTEXT_TOKENS, Tail, hold_back_chars, window_chars
+from plait.backend.tokenizer_utils import DecodeFn
 
 STOP_TAIL_EXTRA_TOKENS = 4
 
@@ -17,7 +16,7 @@ class OutputBuilder:
     """Collects logprobs as they are computed and turns a request's progress into a
     `ReqOutput` holding only what was not emitted before."""
 
-    def __init__(self, *, decode: Callable[[list[int]], str]) -> None:
+    def __init__(self, *, decode: DecodeFn) -> None:
         self.decode = decode
 
     # --- prompt logprobs --------------------------------------------------------------
@@ -65,14 +64,15 @@ class OutputBuilder:
         params = req.params
         if not (params.stop or params.stop_regex):
             return None
-        ids = req.output_ids
+        ids, skip = req.output_ids, params.skip_special_tokens
         # A character can take up to 4 byte-level tokens.
         window = 4 * window_chars(params.stop, params.stop_regex) + STOP_TAIL_EXTRA_TOKENS
         window += new_tokens - 1
         if len(ids) <= window + CONTEXT_TOKENS:
-            return Tail(self.decode(ids))
+            return Tail(self.decode(ids, skip))
         context = ids[-(window + CONTEXT_TOKENS) : -window]
-        return Tail(self.decode(context + ids[-window:]), start=len(self.decode(context)))
+        text = self.decode(context + ids[-window:], skip)
+        return Tail(text, start=len(self.decode(context, skip)))
 
     # --- emission ---------------------------------------------------------------------
     def emit(self, req: Req) -> ReqOutput:
@@ -90,20 +90,16 @@ class OutputBuilder:
             output_top_logprobs=rec.output_top[rec.sent_output :],
             input_logprobs=list(rec.input) if send_input else None,
             input_top_logprobs=list(rec.input_top) if send_input and rec.input_top else None,
-            rollback=req.rollback,
             warnings=req.warnings,
             detok_options=None
             if req.emitted
             else DetokOptions(
                 skip_special_tokens=req.params.skip_special_tokens,
-                stop=req.params.stop,
-                stop_regex=req.params.stop_regex,
-                no_stop_trim=req.params.no_stop_trim,
+                hold_chars=hold_back_chars(req.params.stop, req.params.stop_regex),
             ),
         )
         req.emitted = True
         req.sent_len = req.sendable_len()
-        req.rollback = 0
         req.warnings = ()
         rec.sent_output = len(rec.output)
         rec.input_sent = rec.input_sent or send_input

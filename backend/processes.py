@@ -41,7 +41,6 @@ from plait.backend.messages import (
     BatchTokenOut,
     ProcessFailed,
     ProcessReady,
-    ReqStrOut,
     decode,
     encode,
 )
@@ -207,16 +206,7 @@ def detokenizer_process(spec: ChildSpec, *, addrs: IpcAddresses, parent_pid: int
 def _detokenize(detokenizer: Detokenizer, msg: object) -> object:
     if not isinstance(msg, BatchTokenOut):
         return msg
-    outputs = []
-    for out in msg.outputs:
-        try:
-            text = detokenizer.step(out)
-        except Exception:  # noqa: BLE001 - one bad decode must not lose the others
-            log.exception("detokenizing %s failed", out.rid)
-            detokenizer.forget(out.rid)
-            text = ""
-        outputs.append(ReqStrOut(out=out, text_delta=text))
-    return BatchStrOut(outputs)
+    return BatchStrOut(detokenizer.process(msg.outputs))
 
 
 ROLES = ("scheduler", "detokenizer")

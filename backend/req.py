@@ -18,12 +18,15 @@ FinishKind = Literal["stop", "length", "abort", "error"]
 class FinishReason:
     """Why a request ended: `matched` is the stop token id, the stop string or the stop regex
     that matched, if any; `closed` marks a "length" finish whose constrained output the
-    engine completed within the token limit (`close_on_length`)."""
+    engine completed within the token limit (`close_on_length`). `trim_chars`: characters
+    at the end of the output text, from the matched stop string or regex on, that the text
+    leaves out (0 with `no_stop_trim`); not part of the public result."""
 
     kind: FinishKind
     matched: int | str | None = None
     message: str | None = None
     closed: bool = False
+    trim_chars: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"type": self.kind}
@@ -85,9 +88,8 @@ class Req:
         self.logprobs = LogprobRecord()
         self.grammar: Any = None
         self.sent_len = 0
-        self.hold_from: int | None = None  # output tokens from here on are not emitted yet
+        self.hold_from: int | None = None  # output tokens from here on may still change
         self.emitted = False
-        self.rollback = 0
         self.warnings: tuple[str, ...] = ()
         self.generator: torch.Generator | None = None
         if params.seed is not None:
@@ -113,9 +115,6 @@ class Req:
         if end <= n:
             return self.origin_input_ids[start:end]
         return self.origin_input_ids[start:] + self.output_ids[: end - n]
-
-    def is_decoding(self) -> bool:
-        return self.row is not None and self.kv_len == self.seq_len - 1
 
     def will_sample(self) -> bool:
         """Whether this step's extend reaches the end of the sequence."""
@@ -163,8 +162,8 @@ class Req:
         return sorted(self.eos_ids | set(self.params.stop_token_ids))
 
     def sendable_len(self) -> int:
-        """How many output tokens may have been emitted by now: all of them, except those
-        held back (`hold_from`) while the request runs."""
+        """How many output tokens may have been emitted by now: all of them, except those the
+        grammar may still rewrite (`hold_from`) while the request runs."""
         if self.finished is not None or self.hold_from is None:
             return len(self.output_ids)
         return max(min(self.hold_from, len(self.output_ids)), self.sent_len)
@@ -183,7 +182,8 @@ class Req:
         if grammar_done or last in self.eos_ids or last in self.params.stop_token_ids:
             self.finish(FinishReason("stop", last))
         elif tail is not None and (hit := self._stop_in(tail)):
-            self.finish(FinishReason("stop", hit.matched))
+            trim = 0 if self.params.no_stop_trim else len(tail.text) - hit.start
+            self.finish(FinishReason("stop", hit.matched, trim_chars=trim))
         elif len(self.output_ids) >= self.params.max_new_tokens or self.seq_len >= context_len:
             self.finish(FinishReason("length"))
 

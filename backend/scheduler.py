@@ -16,7 +16,7 @@ import torch
 
 from plait.backend.config import EngineConfig
 from plait.backend.forward_batch import ForwardBatch, decode_style
-from plait.backend.grammar_api import GrammarHooks
+from plait.backend.grammar import GrammarHooks, Rewrite
 from plait.backend.kv_manager import KVManager
 from plait.backend.messages import ReqOutput, Stats, TokenizedRequest
 from plait.backend.model_runner import ModelRunner
@@ -24,9 +24,9 @@ from plait.backend.output_builder import OutputBuilder
 from plait.backend.req import FinishReason, Req
 from plait.backend.sampler import Sampler
 from plait.backend.schedule_policy import AdmissionPlan, SchedulePolicy
+from plait.backend.tokenizer_utils import DecodeFn
 from plait.kernels import apply_token_bitmask
 
-DecodeFn = Callable[[list[int]], str]
 FUTURE_TOKENS_CLIP = 4096
 GRAMMAR_WAIT_S = 0.002
 SHARED_KEY_TOKENS = 32  # requests whose next uncached tokens match wait one step to share
@@ -353,58 +353,25 @@ class Scheduler:
             if req.grammar is not None and self.grammar is not None:
                 self.grammar.accept(req, token)
             req.check_finished(context_len=self.runner.context_len, tail=self.outputs.tail(req))
-            if req.grammar is not None:
-                self._force(req)
+            if req.grammar is not None and self.grammar is not None:
+                rewrite = self.grammar.after_sample(req)
+                if rewrite is not None:
+                    self._rewritten(req, rewrite)
 
-    def _force(self, req: Req) -> None:
-        """What the grammar writes after a sampled token: a completion when the limit is
-        near (or was just reached inside a structure), else the text it forces."""
-        if req.finished is None and not self._close(req):
-            self._jump_forward(req)
-        reason = req.finished
-        if reason is not None and reason.kind == "length" and not reason.closed:
-            self._close(req)
-
-    def _close(self, req: Req) -> bool:
-        """Complete the structure at the token limit (`close_on_length`)."""
-        if not req.params.close_on_length or req.params.return_logprob:
-            return False
-        assert self.grammar is not None
-        before = len(req.output_ids)
-        removed = self.grammar.close(req)
-        if removed is None:
-            return False
-        self._rewritten(req, kept=before - removed)
-        if req.finished is None or req.finished.kind == "length":
-            req.finished = FinishReason("length", closed=True)
-        return True
-
-    def _jump_forward(self, req: Req) -> None:
-        """Append the tokens the grammar forces; drop the KV of tokens it retokenized."""
-        if (
-            not (self.config.enable_jump_forward and req.params.jump_forward)
-            or req.params.return_logprob
-        ):
-            return
-        assert self.grammar is not None
-        max_rollback = min(len(req.output_ids), req.kv_len - req.cached_len + 1)
-        before = len(req.output_ids)
-        removed = self.grammar.jump_forward(req, max_rollback)
-        self._rewritten(req, kept=before - removed)
-
-    def _rewritten(self, req: Req, *, kept: int) -> None:
-        """The grammar replaced the output tokens from `kept` on: forget their KV (below
-        `cached_len` it is the tree's, keyed by the old tokens, and the request ends there),
-        take back what was streamed, and look for stops in the new tokens."""
+    def _rewritten(self, req: Req, rewrite: Rewrite) -> None:
+        """The grammar replaced the output tokens from `rewrite.kept` on (never emitted
+        ones): forget their KV (below `cached_len` it is the tree's, keyed by the old tokens,
+        and only a closed request, which ends here, goes below it), look for stops in the
+        new tokens, and end a closed request."""
+        kept = rewrite.kept
+        assert kept >= req.sent_len, "the grammar rewrote tokens that were already emitted"
         if kept < req.kv_len - req.prompt_len:
-            new_len = max(req.cached_len, req.prompt_len + kept)
-            self.kv.truncate(req, new_len)
-        if req.sent_len > kept:
-            req.rollback += req.sent_len - kept
-            req.sent_len = kept
+            self.kv.truncate(req, max(req.cached_len, req.prompt_len + kept))
         forced = len(req.output_ids) - kept  # stops may lie in the forced text too
         tail = self.outputs.tail(req, new_tokens=forced) if forced > 0 else None
         req.check_finished(context_len=self.runner.context_len, tail=tail)
+        if rewrite.closed and (req.finished is None or req.finished.kind == "length"):
+            req.finished = FinishReason("length", closed=True)
 
     def _retire(self, batch: list[Req]) -> list[ReqOutput]:
         out: list[ReqOutput] = []

@@ -41,11 +41,10 @@ def build_scheduler(config: EngineConfig) -> tuple[Scheduler, PreTrainedTokenize
     device)."""
     runner = ModelRunner(config)
     tokenizer = load_tokenizer(runner.model_path)
-    decode = make_decoder(tokenizer)
     scheduler = Scheduler(
         config=config,
         runner=runner,
-        decode=lambda ids: decode(ids, True),
+        decode=make_decoder(tokenizer),
         grammar=make_grammar(config, tokenizer, runner.vocab_size),
     )
     return scheduler, tokenizer

@@ -51,8 +51,6 @@ class RequestState:
     def update(self, item: ReqStrOut) -> dict[str, Any]:
         """Fold one increment in; returns the increment as a result dict."""
         out = item.out
-        if out.rollback:
-            del self.output_ids[len(self.output_ids) - out.rollback :]
         self.text += item.text_delta
         self.output_ids.extend(out.new_ids)
         self.output_logprobs.extend(out.output_logprobs)
@@ -67,7 +65,6 @@ class RequestState:
             "rid": self.rid,
             "text": item.text_delta,
             "output_ids": list(out.new_ids),
-            "rollback": out.rollback,
             "finish_reason": out.finish.to_dict() if out.finish else None,
             "usage": _usage(item),
             "logprobs": {
@@ -270,7 +267,6 @@ def _error_result(rid: str, message: str) -> dict[str, Any]:
         "rid": rid,
         "text": "",
         "output_ids": [],
-        "rollback": 0,
         "finish_reason": {"type": "error", "message": message},
         "usage": None,
         "logprobs": {},

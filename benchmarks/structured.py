@@ -28,8 +28,8 @@ import xgrammar as xgr
 from benchmarks.common import markdown_table, median, setup_torch, timed, write_results
 from plait.backend.builtin_models import resolve_model_path
 from plait.backend.engine import Engine
-from plait.backend.grammar import XGrammarBackend, tokenizer_info
-from plait.backend.grammar_compiler import GrammarError, GrammarKey, compile_key, new_compiler
+from plait.backend.grammar.compiler import GrammarError, GrammarKey, compile_key, new_compiler
+from plait.backend.grammar.xgrammar_backend import XGrammarBackend, tokenizer_info
 from plait.backend.inprocess import InProcessRuntime
 
 MODEL = "plait-small"

@@ -19,11 +19,11 @@ from typing import Any
 import jsonschema
 import xgrammar as xgr
 
-from plait.backend.grammar_compiler import GrammarError, GrammarKey, clean_error
-from plait.backend.grammar_compiler import json_schema_grammar as build_grammar
-from plait.backend.schema_rewrite import rewrite_schema
-from plait.backend.schema_utils import resolve_ref
-from plait.backend.schema_warnings import SchemaGap
+from plait.backend.grammar.compiler import GrammarError, GrammarKey, clean_error
+from plait.backend.grammar.compiler import json_schema_grammar as build_grammar
+from plait.backend.grammar.schema.rewrite import rewrite_schema
+from plait.backend.grammar.schema.utils import resolve_ref
+from plait.backend.grammar.schema.warnings import SchemaGap
 
 DATA_DIR = Path(__file__).parent / "data" / "jsonschema"
 COMPACT = (",", ":")

@@ -13,7 +13,7 @@ from collections import Counter
 import pytest
 from grammar_cases import CaseResult, StringChecker, analyze, blame, explain, load_cases, validates
 
-from plait.backend.schema_rewrite import rewrite_schema
+from plait.backend.grammar.schema.rewrite import rewrite_schema
 
 EXPECTED_COMPILE_ERRORS = {
     "Snowplow---sp_241_Normalized": "Integer exceeds maximum limit due to precision loss",
@@ -81,7 +81,7 @@ def test_exceptions_by_keyword(results: list[CaseResult], checker: StringChecker
 
 def test_warnings_name_the_unenforced_keywords(results: list[CaseResult]) -> None:
     """Schemas with a loose exception carry a warning for the keyword that explains it."""
-    from plait.backend.schema_warnings import gap_warnings
+    from plait.backend.grammar.schema.warnings import gap_warnings
 
     for r in results:
         if r.accepted_invalid:

@@ -14,14 +14,14 @@ from transformers import PreTrainedTokenizerBase
 
 from plait.backend.builtin_models import resolve_model_path
 from plait.backend.config import EngineConfig
-from plait.backend.grammar import XGrammarBackend, make_grammar
-from plait.backend.jump_forward import Retokenizer
+from plait.backend.grammar.jump_forward import Retokenizer
+from plait.backend.grammar.regex_fsm import RegexCursor, RegexFSM
+from plait.backend.grammar.schema.rewrite import rewrite_schema, search_pattern
+from plait.backend.grammar.schema.warnings import gap_warnings, schema_gaps
+from plait.backend.grammar.xgrammar_backend import XGrammarBackend, make_grammar
 from plait.backend.loader import load_tokenizer
-from plait.backend.regex_fsm import RegexCursor, RegexFSM
 from plait.backend.req import Req
 from plait.backend.sampling_params import SamplingParams
-from plait.backend.schema_rewrite import rewrite_schema, search_pattern
-from plait.backend.schema_warnings import gap_warnings, schema_gaps
 
 EOS = frozenset({0, 2})
 
@@ -270,7 +270,7 @@ def test_errors_name_the_problem_and_stay_with_their_request(
 def test_compile_timeout_fails_only_that_request(
     tokenizer: PreTrainedTokenizerBase, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import plait.backend.grammar_compiler as gc
+    import plait.backend.grammar.compiler as gc
 
     real = gc.compile_key
 
@@ -321,9 +321,12 @@ def test_jump_forward_appends_canonical_tokens_and_keeps_the_matcher_in_step(
     brace = tokenizer.encode("{", add_special_tokens=False)
     req.output_ids.extend(brace)
     hooks.accept(req, brace[0])
-    hooks.jump_forward(req, max_rollback=1)
+    rewrite = hooks.after_sample(req)
+    assert rewrite is not None and not rewrite.closed and rewrite.kept <= len(brace)
     text = str(tokenizer.decode(req.output_ids))
     assert text.startswith('{"name') and '{"name":"'.startswith(text)
     assert req.output_ids == tokenizer.encode(text, add_special_tokens=False)
+    # the tokens a later jump may retokenize are held back from streaming
+    assert req.hold_from == len(req.output_ids) - (hooks.rewriter.retokenizer.window - 1)
     assert req.grammar.matcher.accept_string('{"name":"x","age":1}'[len(text) :])
     assert req.grammar.matcher.is_completed()

@@ -90,16 +90,23 @@ def test_stop_regex_accepts_a_string_or_a_list() -> None:
         SamplingParams.from_dict({"stop_regex": 3})
 
 
-def stream(text: str, opts: DetokOptions, *, matched: str | None) -> tuple[list[str], str]:
-    """Feed `text` one character (= one id) at a time; the last output finishes the request."""
+def stream(
+    text: str, *, stop: tuple[str, ...] = (), stop_regex: tuple[str, ...] = (), keep: bool = False
+) -> tuple[list[str], str]:
+    """Feed `text` one character (= one id) at a time; the last output finishes the request
+    at the stop the scheduler finds there (its `trim_chars` as `Req.check_finished` sets it)."""
     detok = Detokenizer(decode=lambda ids, skip: "".join(map(chr, ids)))
+    opts = DetokOptions(skip_special_tokens=True, hold_chars=hold_back_chars(stop, stop_regex))
+    hit = first_stop(Tail(text), stop, stop_regex)
+    assert hit is not None
+    finish = FinishReason("stop", hit.matched, trim_chars=0 if keep else len(text) - hit.start)
     deltas = []
     for i, ch in enumerate(text):
         last = i == len(text) - 1
         out = ReqOutput(
             rid="r",
             new_ids=[ord(ch)],
-            finish=FinishReason("stop", matched) if last else None,
+            finish=finish if last else None,
             prompt_tokens=1,
             completion_tokens=i + 1,
             cached_tokens=0,
@@ -112,21 +119,16 @@ def stream(text: str, opts: DetokOptions, *, matched: str | None) -> tuple[list[
 @pytest.mark.parametrize("keep", [False, True])
 def test_streaming_never_sends_a_stop_and_the_end_is_cut_at_it(keep: bool) -> None:
     text = "total: 1234 units"
-    opts = DetokOptions(
-        skip_special_tokens=True, stop=(), stop_regex=(r"\d{4}",), no_stop_trim=keep
-    )
-    deltas, joined = stream(text[:11], opts, matched=r"\d{4}")
+    deltas, joined = stream(text[:11], stop_regex=(r"\d{4}",), keep=keep)
     assert joined == ("total: 1234" if keep else "total: ")
     # Nothing of the match went out before the request finished.
     assert "1" not in "".join(deltas[:-1])
-    opts = DetokOptions(skip_special_tokens=True, stop=("un",), no_stop_trim=keep)
-    _, joined = stream(text[:14], opts, matched="un")
+    _, joined = stream(text[:14], stop=("un",), keep=keep)
     assert joined == ("total: 1234 un" if keep else "total: 1234 ")
 
 
 def test_unbounded_pattern_holds_back_a_fixed_window() -> None:
     text = "x" * 300 + "123"
-    opts = DetokOptions(skip_special_tokens=True, stop=(), stop_regex=(r"\d+",))
-    deltas, joined = stream(text, opts, matched=r"\d+")
+    deltas, joined = stream(text, stop_regex=(r"\d+",))
     assert joined == "x" * 300
     assert len("".join(deltas[:-1])) == len(text) - 1 - (UNBOUNDED_CHARS - 1)

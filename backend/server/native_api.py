@@ -276,8 +276,6 @@ def fold(acc: dict[str, Any] | None, item: dict[str, Any]) -> dict[str, Any]:
     if acc is None:
         acc = {"rid": item["rid"], "text": "", "output_ids": [], "logprobs": {}}
         acc["logprobs"] = {"output": [], "output_top": [], "input": None, "input_top": None}
-    if item.get("rollback"):
-        del acc["output_ids"][len(acc["output_ids"]) - item["rollback"] :]
     acc["text"] += item["text"]
     acc["output_ids"] += item["output_ids"]
     logprobs, mine = item.get("logprobs") or {}, acc["logprobs"]

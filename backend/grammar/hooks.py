@@ -1,8 +1,9 @@
-"""What the scheduler needs from a grammar backend (implemented in grammar.py)."""
+"""What the scheduler needs from a grammar backend (implemented by `XGrammarBackend`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -10,6 +11,18 @@ import torch
 from plait.backend.req import Req
 
 MaskWaiter = Callable[[], torch.Tensor | None]
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    """The grammar rewrote the end of a request's output after a sampled token: the tokens
+    from `kept` on are new (forced text, or a completion of the structure); whatever the
+    output held there before is gone, and so is its KV. `closed`: the output was completed
+    at its token limit (`close_on_length`) and the request ends. Tokens below `sent_len`
+    are never rewritten: what may still change is held back from streaming (`hold_from`)."""
+
+    kept: int
+    closed: bool = False
 
 
 class GrammarHooks(Protocol):
@@ -22,13 +35,10 @@ class GrammarHooks(Protocol):
       reqs[i]) while the forward runs; the returned waiter gives the int32 [len(reqs),
       ceil(V/32)] mask, or None when no request is constrained.
     - `accept(req, token)`: advance the matcher after sampling.
-    - `jump_forward(req, max_rollback)`: append the tokens the grammar forces to
-      `req.output_ids`, after removing up to `max_rollback` trailing tokens for
-      retokenization; returns how many tokens were removed.
-    - `close(req)`: when the tokens left are about to run out inside an unfinished
-      structure (or `req` was just cut at its limit), make `req.output_ids` complete: remove
-      trailing tokens and append a completion of the grammar; returns how many tokens were
-      removed, or None when nothing was done.
+    - `after_sample(req)`: after the finish checks of a sampled token, let the grammar write
+      what it forces (jump-forward) or, near the token limit, a completion; returns what it
+      changed, or None. It also sets `req.hold_from`, the first output token that may still
+      be rewritten (not emitted until the request ends or that changes).
     - `release(req)`: forget the request's matcher.
     """
 
@@ -40,8 +50,6 @@ class GrammarHooks(Protocol):
 
     def accept(self, req: Req, token: int) -> None: ...
 
-    def jump_forward(self, req: Req, max_rollback: int) -> int: ...
-
-    def close(self, req: Req) -> int | None: ...
+    def after_sample(self, req: Req) -> Rewrite | None: ...
 
     def release(self, req: Req) -> None: ...

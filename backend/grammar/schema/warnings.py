@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from plait.backend.schema_utils import (
+from plait.backend.grammar.schema.utils import (
     ANNOTATIONS,
     disjoint,
     has_type,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from plait.backend.regex_fsm import utf8_complete_len
+from plait.backend.grammar.regex_fsm import utf8_complete_len
 
 RETOKENIZE_WINDOW = 4
 Encoder = Callable[[str], list[int]]

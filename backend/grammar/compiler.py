@@ -19,15 +19,15 @@ from typing import Any
 
 import xgrammar as xgr
 
-from plait.backend.regex_fsm import RegexFSM
-from plait.backend.sampling_params import SamplingParams
-from plait.backend.schema_rewrite import rewrite_schema
-from plait.backend.schema_warnings import SchemaGap, gap_warnings, schema_gaps
-from plait.backend.structural_tag import (
+from plait.backend.grammar.regex_fsm import RegexFSM
+from plait.backend.grammar.schema.rewrite import rewrite_schema
+from plait.backend.grammar.schema.warnings import SchemaGap, gap_warnings, schema_gaps
+from plait.backend.grammar.structural_tag import (
     StructuralTagError,
     expand_json_schemas,
     normalize_structural_tag,
 )
+from plait.backend.sampling_params import SamplingParams
 
 # Whitespace between JSON tokens when any_whitespace is on: enough for indented output,
 # too little for a model to flood the output with spaces.

@@ -34,8 +34,8 @@ from typing import Any
 
 import xgrammar as xgr
 
-from plait.backend.jump_forward import Jump, Retokenizer
-from plait.backend.shortest_completion import Completer, CompleterUnavailable
+from plait.backend.grammar.completion import Completer, CompleterUnavailable
+from plait.backend.grammar.jump_forward import Jump, Retokenizer
 
 CLOSE_WINDOW = 256  # tokens left at the first look
 CLOSE_SLACK = 4  # tokens kept in hand for what the model opens between two looks

@@ -1,10 +1,10 @@
 """Constrained decoding with xgrammar: the scheduler's `GrammarHooks`.
 
 One `GrammarMatcher` per constrained request (`req.grammar`, a `RequestGrammar`), built from a
-grammar compiled off-thread and cached by key (`grammar_compiler`). Each step the bitmask rows
-of the constrained requests are filled on a worker thread while the forward runs (xgrammar
-releases the GIL); after sampling the matcher accepts the token, and jump-forward appends
-the text the grammar forces (`jump_forward`).
+grammar compiled off-thread and cached by key (`compiler`). Each step the bitmask rows of the
+constrained requests are filled on a worker thread while the forward runs (`masks`); after
+sampling the matcher accepts the token, and the `Rewriter` writes what the grammar forces or,
+near the token limit, a completion (`rewrite`).
 """
 
 from __future__ import annotations
@@ -12,17 +12,14 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
 import xgrammar as xgr
 from transformers import PreTrainedTokenizerBase
 
-from plait.backend.closing import Closer, CloseState
 from plait.backend.config import EngineConfig
-from plait.backend.grammar_api import GrammarHooks, MaskWaiter
-from plait.backend.grammar_compiler import (
+from plait.backend.grammar.compiler import (
     CompiledConstraint,
     CompileJob,
     GrammarCache,
@@ -31,48 +28,15 @@ from plait.backend.grammar_compiler import (
     grammar_key,
     new_compiler,
 )
-from plait.backend.jump_forward import Encoder, Jump, Retokenizer
-from plait.backend.regex_fsm import RegexCursor
+from plait.backend.grammar.hooks import GrammarHooks, MaskWaiter, Rewrite
+from plait.backend.grammar.jump_forward import Encoder, Retokenizer
+from plait.backend.grammar.masks import TIMING_LOG_SIZE, MaskFiller
+from plait.backend.grammar.matcher import RequestGrammar
+from plait.backend.grammar.rewrite import Rewriter
 from plait.backend.req import FinishReason, Req
 from plait.kernels.bitmask import prepare_cpu_kernel
 
 COMPILE_WORKERS = 2
-JSON_KINDS = frozenset({"json_schema", "json_object"})
-TIMING_LOG_SIZE = 1 << 16
-
-
-class RequestGrammar:
-    """One request's grammar state: its matcher and, for regex constraints, its DFA cursor."""
-
-    def __init__(self, compiled: CompiledConstraint, *, stop_ids: list[int] | None) -> None:
-        self.compiled = compiled
-        self.matcher = xgr.GrammarMatcher(compiled.grammar, override_stop_tokens=stop_ids)
-        self.cursor = RegexCursor(compiled.regex_fsm) if compiled.regex_fsm else None
-        self.closing = CloseState()
-
-    def is_terminated(self) -> bool:
-        return bool(self.matcher.is_terminated())
-
-    def accept(self, token: int, data: bytes) -> bool:
-        """Advance by one token (`data`: its bytes); False (state unchanged) if rejected."""
-        if not self.matcher.accept_token(token):
-            return False
-        if self.cursor is not None:
-            self.cursor.advance(data)
-        return True
-
-    def rollback(self, n: int) -> None:
-        if n > 0:
-            self.matcher.rollback(n)
-            if self.cursor is not None:
-                self.cursor.rollback(n)
-
-    def forced_text(self) -> str:
-        """The text every continuation starts with: the regex DFA's chain of single
-        transitions, or xgrammar's jump-forward string."""
-        if self.cursor is not None and self.cursor.state is not None:
-            return self.cursor.forced()
-        return str(self.matcher.find_jump_forward_string())
 
 
 @dataclass(frozen=True)
@@ -83,43 +47,8 @@ class _Waiting:
     since: float
 
 
-class MaskFiller:
-    """Fills bitmask rows on a worker thread; int32 [rows, ceil(V/32)], pinned for CUDA."""
-
-    def __init__(self, *, vocab_size: int, pin: bool) -> None:
-        self.words = (vocab_size + 31) // 32
-        self.pin = pin
-        self.buffer = torch.empty((0, self.words), dtype=torch.int32)
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="plait-mask")
-        self.batch = xgr.BatchGrammarMatcher(max_threads=1)
-        self.log: deque[tuple[float, int]] = deque(maxlen=TIMING_LOG_SIZE)
-
-    def begin(self, matchers: Sequence[xgr.GrammarMatcher | None]) -> MaskWaiter:
-        rows = [i for i, m in enumerate(matchers) if m is not None]
-        if not rows:
-            return lambda: None
-        mask = self._rows(len(matchers))
-        chosen = [m for m in matchers if m is not None]
-        job = self.pool.submit(self._fill, chosen, mask=mask, rows=rows)
-        return lambda: job.result()
-
-    def _rows(self, n: int) -> torch.Tensor:
-        if self.buffer.shape[0] < n:
-            size = max(n, 2 * self.buffer.shape[0])
-            self.buffer = torch.empty((size, self.words), dtype=torch.int32, pin_memory=self.pin)
-        return self.buffer[:n]
-
-    def _fill(
-        self, matchers: list[xgr.GrammarMatcher], *, mask: torch.Tensor, rows: list[int]
-    ) -> torch.Tensor:
-        start = time.perf_counter()
-        self.batch.batch_fill_next_token_bitmask(matchers, mask, rows)
-        self.log.append((time.perf_counter() - start, len(rows)))
-        return mask
-
-
 class XGrammarBackend:
-    """`GrammarHooks` over xgrammar: compile cache, per-request matchers, masks, jumps."""
+    """`GrammarHooks` over xgrammar: compile cache, per-request matchers, masks, rewrites."""
 
     def __init__(
         self,
@@ -135,8 +64,7 @@ class XGrammarBackend:
         self.cache = GrammarCache(
             compiler=new_compiler(info), capacity=config.grammar_cache_size, workers=COMPILE_WORKERS
         )
-        self.retokenizer = retokenizer
-        self.closer = Closer(retokenizer=retokenizer)
+        self.rewriter = Rewriter(retokenizer=retokenizer, jump_forward=config.enable_jump_forward)
         self.filler = MaskFiller(vocab_size=info.vocab_size, pin=pin)
         self.waiting: dict[Req, _Waiting] = {}
         self.compile_log: deque[float] = deque(maxlen=TIMING_LOG_SIZE)
@@ -197,7 +125,7 @@ class XGrammarBackend:
 
     def _attach(self, req: Req, compiled: CompiledConstraint) -> None:
         stops = sorted(req.eos_ids | set(req.params.stop_token_ids)) or None
-        req.grammar = RequestGrammar(compiled, stop_ids=stops)
+        req.grammar = RequestGrammar(compiled, stop_ids=stops, token_bytes=self.token_bytes)
         req.warnings = req.warnings + compiled.warnings
 
     # --- decoding ---------------------------------------------------------------------
@@ -208,7 +136,7 @@ class XGrammarBackend:
         """Advance the matcher; a token outside the grammar (only possible when every
         allowed token was banned, e.g. stop tokens before min_new_tokens) ends the request."""
         state: RequestGrammar = req.grammar
-        if state.accept(token, self.token_bytes[token]):
+        if state.accept(token):
             return
         _drop_last_token(req)
         if state.matcher.is_completed():
@@ -217,59 +145,8 @@ class XGrammarBackend:
             message = f"token {token} is outside the grammar (all allowed tokens were banned)"
             req.finish(FinishReason("error", message=message))
 
-    def jump_forward(self, req: Req, max_rollback: int) -> int:
-        state: RequestGrammar = req.grammar
-        forced = state.forced_text()
-        if not forced:
-            return 0
-        out = req.output_ids
-        tail = out[len(out) - max_rollback :] if max_rollback > 0 else []
-        room = req.params.max_new_tokens - len(out)
-        plan = self.retokenizer.plan(tail=tail, forced=forced, room=room)
-        return plan.removed if plan is not None and self._apply(state, out, plan) else 0
-
-    def _apply(self, state: RequestGrammar, out: list[int], jump: Jump) -> bool:
-        """Replace the last `jump.removed` tokens of `out` by `jump.appended`, matcher
-        included; False (nothing changed) if the grammar rejects them."""
-        removed = out[len(out) - jump.removed :] if jump.removed else []
-        if not self._replace(state, removed=removed, appended=jump.appended):
-            return False
-        del out[len(out) - len(removed) :]
-        out.extend(jump.appended)
-        return True
-
-    def _replace(
-        self, state: RequestGrammar, *, removed: list[int], appended: Sequence[int]
-    ) -> bool:
-        """Roll the matcher back over `removed` and accept `appended`; on a rejection
-        restore the previous state and return False."""
-        state.rollback(len(removed))
-        for i, token in enumerate(appended):
-            if not state.accept(token, self.token_bytes[token]):
-                state.rollback(i)
-                for old in removed:
-                    state.accept(old, self.token_bytes[old])
-                return False
-        return True
-
-    def close(self, req: Req) -> int | None:
-        """Complete the output when the tokens left are about to run out, or when it has
-        just been cut at its limit (`closing`); how many trailing tokens were replaced, or
-        None when nothing was done."""
-        state: RequestGrammar = req.grammar
-        out = req.output_ids
-        jump = self.closer.plan(
-            state.matcher,
-            output=out,
-            room=req.params.max_new_tokens - len(out),
-            state=state.closing,
-            is_json=state.compiled.key.kind in JSON_KINDS,
-            cut=req.finished is not None,
-            sent=req.sent_len,
-        )
-        fallback = state.closing.fallback
-        req.hold_from = fallback.at if fallback is not None and fallback.hold else None
-        return jump.removed if jump is not None and self._apply(state, out, jump) else None
+    def after_sample(self, req: Req) -> Rewrite | None:
+        return self.rewriter.after_sample(req)
 
     def release(self, req: Req) -> None:
         self.waiting.pop(req, None)

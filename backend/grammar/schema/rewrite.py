@@ -17,7 +17,7 @@ import copy
 import json
 from typing import Any
 
-from plait.backend.schema_utils import ANNOTATIONS, pattern_shape, resolve_ref
+from plait.backend.grammar.schema.utils import ANNOTATIONS, pattern_shape, resolve_ref
 
 COMBINATORS = ("allOf", "anyOf", "oneOf")
 MAP_KEYS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 import xgrammar as xgr
 
-from plait.backend.json_lexer import JsonLex
+from plait.backend.grammar.json_lexer import JsonLex
 
 MAX_TRIALS = 4000  # bytes tried per search before giving up (each takes 5-50 us)
 MAX_SECONDS = 0.1  # and a wall-clock stop: a few regex states take ~1 ms per mask
