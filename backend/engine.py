@@ -22,6 +22,7 @@ from plait.backend.inprocess import InProcessRuntime
 from plait.backend.messages import ModelInfo, Stats
 from plait.backend.multiprocess import MultiProcessRuntime
 from plait.backend.profiler import ProfileRequest
+from plait.backend.request_checks import RequestError, prompt_batch
 from plait.backend.sampling_params import SamplingParams
 from plait.backend.tokenizer_manager import TokenizerManager
 
@@ -89,22 +90,23 @@ class Engine:
     ) -> Any:
         """One prompt -> one result dict (a list if n > 1); a list of prompts -> a flat list.
         With `stream=True`, an iterator of increments for a single prompt."""
-        batch, single = self._requests(prompt, input_ids, sampling_params)
+        batch, single = self._requests(prompt, input_ids, sampling_params, stream=stream)
         if stream:
-            if not single or batch[0][1].n != 1:
-                raise GenerationError("stream=True takes one prompt with n=1")
             return self._stream(*batch[0])
         sinks: list[queue.Queue[dict[str, Any]]] = []
         for ids, params in batch:
-            for _ in range(params.n):
-                sinks.append(queue.Queue())
-            self._submit(ids, params, sinks[-params.n :], stream=False)
-        results = [_checked(q.get()) for q in sinks]
-        return results[0] if single and len(results) == 1 else results
+            mine: list[queue.Queue[dict[str, Any]]] = [queue.Queue() for _ in range(params.n)]
+            sinks.extend(mine)
+            self.tokenizer_manager.submit(
+                input_ids=ids, params=params, stream=False, sinks=[q.put for q in mine]
+            )
+        return _shaped([_checked(q.get()) for q in sinks], single=single)
 
     def _stream(self, ids: list[int], params: SamplingParams) -> Iterator[dict[str, Any]]:
         sink: queue.Queue[dict[str, Any]] = queue.Queue()
-        (rid,) = self._submit(ids, params, [sink], stream=True)
+        (rid,) = self.tokenizer_manager.submit(
+            input_ids=ids, params=params, stream=True, sinks=[sink.put]
+        )
         try:
             while True:
                 item = _checked(sink.get())
@@ -123,40 +125,21 @@ class Engine:
         stream: bool = False,
     ) -> Any:
         """Like `generate`, awaitable; with `stream=True` returns an async iterator."""
-        batch, single = self._requests(prompt, input_ids, sampling_params)
+        batch, single = self._requests(prompt, input_ids, sampling_params, stream=stream)
         if stream:
-            if not single or batch[0][1].n != 1:
-                raise GenerationError("stream=True takes one prompt with n=1")
-            return self._astream(*batch[0])
-        loop = asyncio.get_running_loop()
-        futures: list[asyncio.Future[dict[str, Any]]] = []
-        for ids, params in batch:
-            mine = [loop.create_future() for _ in range(params.n)]
-            futures.extend(mine)
-            sinks = [_future_sink(loop, f) for f in mine]
-            self.tokenizer_manager.submit(input_ids=ids, params=params, stream=False, sinks=sinks)
-        results = [_checked(r) for r in await asyncio.gather(*futures)]
-        return results[0] if single and len(results) == 1 else results
+            return self._astream(batch)
+        results: dict[int, dict[str, Any]] = {}
+        async with contextlib.aclosing(self.stream_batch(batch, stream=False)) as events:
+            async for index, item in events:
+                results[index] = _checked(item)
+        return _shaped([results[i] for i in sorted(results)], single=single)
 
     async def _astream(
-        self, ids: list[int], params: SamplingParams
+        self, batch: list[tuple[list[int], SamplingParams]]
     ) -> AsyncIterator[dict[str, Any]]:
-        loop = asyncio.get_running_loop()
-        sink: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        (rid,) = self.tokenizer_manager.submit(
-            input_ids=ids,
-            params=params,
-            stream=True,
-            sinks=[lambda d: _call_soon(loop, sink.put_nowait, d)],
-        )
-        try:
-            while True:
-                item = _checked(await sink.get())
-                yield item
-                if item["finish_reason"] is not None:
-                    return
-        finally:
-            self.tokenizer_manager.abort(rid)
+        async with contextlib.aclosing(self.stream_batch(batch)) as events:
+            async for _, item in events:
+                yield _checked(item)
 
     async def stream_batch(
         self,
@@ -205,39 +188,29 @@ class Engine:
             input_ids=ids, params=params, stream=stream, sinks=sinks, rid=rid
         )
 
-    def _submit(
-        self,
-        ids: list[int],
-        params: SamplingParams,
-        sinks: list[queue.Queue[dict[str, Any]]],
-        *,
-        stream: bool,
-    ) -> list[str]:
-        return self.tokenizer_manager.submit(
-            input_ids=ids, params=params, stream=stream, sinks=[q.put for q in sinks]
-        )
-
     def _requests(
-        self, prompt: Prompt, input_ids: InputIds, sampling_params: Any
+        self, prompt: Prompt, input_ids: InputIds, sampling_params: Any, *, stream: bool = False
     ) -> tuple[list[tuple[list[int], SamplingParams]], bool]:
-        """Normalize inputs to [(ids, params)]; the flag says a single prompt was given."""
-        if (prompt is None) == (input_ids is None):
-            raise GenerationError("give exactly one of prompt or input_ids")
-        if prompt is not None:
-            single = isinstance(prompt, str)
-            texts = [prompt] if isinstance(prompt, str) else list(prompt)
-            ids_list = [self.tokenizer_manager.encode(t) for t in texts]
-        else:
-            assert input_ids is not None
-            single = not input_ids or isinstance(input_ids[0], int)
-            ids_list = [list(input_ids)] if single else [list(x) for x in input_ids]  # type: ignore[arg-type]
+        """Normalize inputs to [(ids, params)]; the flag says a single prompt was given. A
+        stream takes one prompt with n=1."""
+        try:
+            prompts = prompt_batch(
+                text=prompt, input_ids=input_ids, encode=self.tokenizer_manager.encode,
+                text_field="prompt",
+            )  # fmt: skip
+        except RequestError as exc:
+            raise GenerationError(str(exc)) from exc
+        ids_list = prompts.ids
         if isinstance(sampling_params, list):
             if len(sampling_params) != len(ids_list):
                 raise GenerationError("sampling_params list must match the number of prompts")
             params = [_as_params(p) for p in sampling_params]
         else:
             params = [_as_params(sampling_params)] * len(ids_list)
-        return list(zip(ids_list, params, strict=True)), single
+        batch = list(zip(ids_list, params, strict=True))
+        if stream and (not prompts.single or batch[0][1].n != 1):
+            raise GenerationError("stream=True takes one prompt with n=1")
+        return batch, prompts.single
 
     # --- control ----------------------------------------------------------------------
     def flush_cache(self) -> bool:
@@ -312,9 +285,6 @@ def _indexed_sink(
     return lambda d: _call_soon(loop, inbox.put_nowait, (index, d))
 
 
-def _future_sink(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[dict[str, Any]]) -> Any:
-    def resolve(d: dict[str, Any]) -> None:
-        if not fut.done():
-            fut.set_result(d)
-
-    return lambda d: _call_soon(loop, resolve, d)
+def _shaped(results: list[dict[str, Any]], *, single: bool) -> Any:
+    """One result for a single prompt with n=1, else the flat list."""
+    return results[0] if single and len(results) == 1 else results

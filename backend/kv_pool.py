@@ -73,11 +73,6 @@ class TokenToKVPool:
         self.device = device
         self._free_pages = torch.arange(1, self.num_pages + 1, dtype=torch.int64)
 
-    @property
-    def bytes_per_token(self) -> int:
-        layers, _, heads, dim = self.k.shape
-        return 2 * layers * heads * dim * self.k.element_size()
-
     def available_size(self) -> int:
         """Free token slots (whole free pages)."""
         return int(self._free_pages.numel()) * self.page_size

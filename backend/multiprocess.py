@@ -243,10 +243,6 @@ class MultiProcessRuntime:
         if self._on_failure is not None:
             self._on_failure(message)
 
-    @property
-    def pids(self) -> dict[str, int]:
-        return {name: proc.pid for name, proc in self.processes.items()}
-
 
 def _pick_method(requested: str, config: EngineConfig) -> str:
     """Fork only on Linux, from a single thread, and for a CPU model (a forked child cannot

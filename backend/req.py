@@ -8,6 +8,7 @@ from typing import Any, Literal
 import torch
 
 from plait.backend.radix_cache import TreeNode
+from plait.backend.request_checks import RequestError, check_lengths, check_token_ids
 from plait.backend.sampling_params import SamplingParams
 from plait.backend.stop_conditions import StopMatch, StopRegexTimeout, Tail, first_stop
 
@@ -133,22 +134,18 @@ class Req:
     def validation_error(self, *, vocab_size: int, context_len: int, pool_size: int) -> str | None:
         """Why this request cannot run on the model and pool at all, or None."""
         try:
-            self.params.validate(vocab_size=vocab_size)
+            if not self.origin_input_ids:
+                raise RequestError("input_ids: the prompt is empty", field="input_ids")
+            self.params.check_vocab(vocab_size=vocab_size)
+            check_token_ids(self.origin_input_ids, vocab_size=vocab_size)
+            check_lengths(
+                prompt_len=self.prompt_len,
+                max_new_tokens=self.params.max_new_tokens,
+                context_len=context_len,
+                pool_size=pool_size,
+            )
         except Exception as exc:  # noqa: BLE001 - any bad input fails this request only
             return str(exc) or type(exc).__name__
-        n = self.prompt_len
-        total = n + self.params.max_new_tokens
-        if n == 0:
-            return "the prompt is empty"
-        if any(not 0 <= t < vocab_size for t in self.origin_input_ids):
-            return "input_ids: token id out of the model's vocabulary"
-        if total > context_len:
-            return (
-                f"prompt ({n} tokens) + max_new_tokens ({self.params.max_new_tokens}) = {total} "
-                f"exceeds the model's context length of {context_len} tokens"
-            )
-        if total > pool_size:
-            return f"request needs {total} tokens; the whole KV pool holds {pool_size}"
         return None
 
     # --- sampling helpers --------------------------------------------------------------

@@ -1,67 +1,155 @@
-"""Per-request sampling parameters, validated on arrival."""
+"""Per-request sampling parameters: the one definition of every field.
+
+Each field's type, range and default is declared once, on `SamplingParams`, together with
+how it is spelled outside the engine (`Wire`): its keyword in `plait.gen()` and its name on
+the OpenAI endpoints. Everything else is derived from these declarations: validation (with
+a message naming the field), `gen()`'s keywords (`GEN_OPTIONS`), a program run's defaults
+(`RUN_OPTIONS`), the OpenAI request fields and their mapping (`OPENAI_FIELDS`), vLLM's
+constraint fields (`VLLM_FIELDS`, `VLLM_GUIDED`), and what `OpenAIBackend` may send to
+OpenAI itself (`OPENAI_STANDARD`). Field names are SGLang's `sampling_params` names, so the
+native API needs no mapping.
+"""
 
 from __future__ import annotations
 
-import dataclasses
 import json
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import Annotated, Any
 
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from plait.backend.request_checks import RequestError
 from plait.backend.stop_conditions import check_stop_regexes
 
 GREEDY_EPS = 1e-6
+MAX_TOKENS = 2**31 - 1
+MAX_N = 64
 MAX_TOP_LOGPROBS = 20
+MAX_SEED = 2**63 - 1
+MAX_TEMPERATURE = 1000.0
+MAX_REPETITION_PENALTY = 100.0
+MAX_STOPS = 64
+MAX_STOP_CHARS = 4096
+MAX_STOP_TOKEN_IDS = 1024
+MAX_LOGIT_BIAS = 1 << 18
+MAX_CHOICES = 1 << 16
+MAX_CONSTRAINT_CHARS = 1 << 20
 CONSTRAINT_FIELDS = ("json_schema", "regex", "ebnf", "choices", "json_object", "structural_tag")
 
 
 @dataclass(frozen=True)
-class SamplingParams:
+class Wire:
+    """How a field is spelled outside the engine: `gen`, its keyword in `plait.gen()` (None:
+    gen does not take it); `openai`, its name on the OpenAI endpoints (None: not there, or
+    set through another field such as response_format); `standard`: OpenAI's own API has
+    it (the only fields `OpenAIBackend` sends); `vllm`: its name in vLLM's
+    `structured_outputs` (and, with `guided`, also as a `guided_<name>` field)."""
+
+    gen: str | None
+    openai: str | None
+    standard: bool = False
+    vllm: str | None = None
+    guided: bool = False
+
+
+Id = Annotated[StrictInt, Field(ge=0, le=MAX_TOKENS)]
+Count = Annotated[StrictInt, Field(ge=0, le=MAX_TOKENS)]
+Unit = Annotated[float, Field(strict=True, ge=0, le=1)]
+Penalty = Annotated[float, Field(strict=True, ge=-2, le=2)]
+StopText = Annotated[StrictStr, Field(min_length=1, max_length=MAX_STOP_CHARS)]
+Constraint = Annotated[StrictStr, Field(max_length=MAX_CONSTRAINT_CHARS)]
+Bias = tuple[Id, Annotated[float, Field(strict=True, ge=-100, le=100)]]
+
+
+def _same(name: str, *, standard: bool = False) -> Wire:
+    return Wire(name, name, standard)
+
+
+class SamplingParams(BaseModel):
     """How to sample one request; field names follow SGLang's `sampling_params`.
 
     `temperature=0` is greedy. `top_k <= 0` disables top-k. `n > 1` draws parallel samples
-    that share the prompt's KV cache. At most one constraint (`json_schema`, `regex`, `ebnf`,
-    `choices`, `json_object`, `structural_tag`) may be set. Generation stops at the first
-    `stop` string or `stop_regex` match (`re.search` on the output text), which is cut from the
-    text unless `no_stop_trim`. A constrained output about to reach `max_new_tokens` inside an
-    unfinished structure is completed by the engine (`close_on_length`; finish_reason
-    "length" with `closed`) so that it stays in the constraint's language.
+    that share the prompt's KV cache (sample i seeded with seed + i). At most one constraint
+    (`json_schema`, `regex`, `ebnf`, `choices`, `json_object`, `structural_tag`) may be set.
+    Generation stops at the first `stop` string or `stop_regex` match (`re.search` on the
+    output text), which is cut from the text unless `no_stop_trim`. A constrained output
+    about to reach `max_new_tokens` inside an unfinished structure is completed by the
+    engine (`close_on_length`; finish_reason "length" with `closed`) so that it stays in the
+    constraint's language. Every number is range-checked here; token ids against the
+    model's vocabulary in `check_vocab`.
     """
 
-    max_new_tokens: int = 128
-    min_new_tokens: int = 0
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    logit_bias: tuple[tuple[int, float], ...] = ()
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    stop_regex: tuple[str, ...] = ()
-    no_stop_trim: bool = False
-    ignore_eos: bool = False
-    skip_special_tokens: bool = True
-    seed: int | None = None
-    n: int = 1
-    return_logprob: bool = False
-    top_logprobs_num: int = 0
-    logprob_start_len: int = -1
-    json_schema: str | None = None
-    regex: str | None = None
-    ebnf: str | None = None
-    choices: tuple[str, ...] | None = None
-    json_object: bool = False
-    structural_tag: str | None = None
-    any_whitespace: bool = False
-    strict_mode: bool = True
-    jump_forward: bool = True
-    close_on_length: bool = True
-    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
+    max_new_tokens: Annotated[Count, Wire("max_tokens", "max_tokens", standard=True)] = 128
+    min_new_tokens: Annotated[Count, Wire("min_tokens", "min_tokens")] = 0
+    temperature: Annotated[
+        float, Field(strict=True, ge=0, le=MAX_TEMPERATURE), _same("temperature", standard=True)
+    ] = 1.0
+    top_p: Annotated[float, Field(strict=True, gt=0, le=1), _same("top_p", standard=True)] = 1.0
+    top_k: Annotated[StrictInt, Field(ge=-1, le=MAX_TOKENS), _same("top_k")] = -1
+    min_p: Annotated[Unit, _same("min_p")] = 0.0
+    repetition_penalty: Annotated[
+        float, Field(strict=True, gt=0, le=MAX_REPETITION_PENALTY), _same("repetition_penalty")
+    ] = 1.0
+    frequency_penalty: Annotated[Penalty, _same("frequency_penalty", standard=True)] = 0.0
+    presence_penalty: Annotated[Penalty, _same("presence_penalty", standard=True)] = 0.0
+    logit_bias: Annotated[
+        tuple[Bias, ...], Field(max_length=MAX_LOGIT_BIAS), _same("logit_bias", standard=True)
+    ] = ()
+    stop: Annotated[
+        tuple[StopText, ...], Field(max_length=MAX_STOPS), _same("stop", standard=True)
+    ] = ()
+    stop_token_ids: Annotated[
+        tuple[Id, ...], Field(max_length=MAX_STOP_TOKEN_IDS), _same("stop_token_ids")
+    ] = ()
+    stop_regex: Annotated[
+        tuple[StopText, ...], Field(max_length=MAX_STOPS), _same("stop_regex")
+    ] = ()
+    no_stop_trim: Annotated[StrictBool, _same("no_stop_trim")] = False
+    ignore_eos: Annotated[StrictBool, _same("ignore_eos")] = False
+    skip_special_tokens: Annotated[StrictBool, _same("skip_special_tokens")] = True
+    seed: Annotated[StrictInt | None, Field(ge=0, le=MAX_SEED), _same("seed", standard=True)] = None
+    n: Annotated[StrictInt, Field(ge=1, le=MAX_N), Wire(None, "n")] = 1
+    return_logprob: Annotated[StrictBool, Wire("return_logprobs", None)] = False
+    top_logprobs_num: Annotated[
+        StrictInt, Field(ge=0, le=MAX_TOP_LOGPROBS), Wire("top_logprobs", None)
+    ] = 0
+    logprob_start_len: Annotated[
+        StrictInt, Field(ge=-1, le=MAX_TOKENS), Wire("logprob_start_len", None)
+    ] = -1
+    json_schema: Annotated[
+        Constraint | None, Wire("json_schema", None, vllm="json", guided=True)
+    ] = None
+    regex: Annotated[Constraint | None, Wire("regex", "regex", vllm="regex", guided=True)] = None
+    ebnf: Annotated[Constraint | None, Wire("ebnf", "ebnf", vllm="grammar", guided=True)] = None
+    choices: Annotated[
+        tuple[StrictStr, ...] | None,
+        Field(min_length=1, max_length=MAX_CHOICES),
+        Wire("choices", None, vllm="choice", guided=True),
+    ] = None
+    json_object: Annotated[StrictBool, Wire("json_object", None, vllm="json_object")] = False
+    structural_tag: Annotated[
+        Constraint | None, Wire("structural_tag", None, vllm="structural_tag")
+    ] = None
+    any_whitespace: Annotated[StrictBool, _same("any_whitespace")] = False
+    strict_mode: Annotated[StrictBool, _same("strict_mode")] = True
+    jump_forward: Annotated[StrictBool, _same("jump_forward")] = True
+    close_on_length: Annotated[StrictBool, _same("close_on_length")] = True
+
+    # --- derived views ----------------------------------------------------------------
     @property
     def is_greedy(self) -> bool:
         return self.temperature < GREEDY_EPS or self.top_k == 1
@@ -83,154 +171,141 @@ class SamplingParams:
             or self.presence_penalty != 0.0
         )
 
+    # --- construction -----------------------------------------------------------------
     @classmethod
-    def from_dict(cls, data: dict[str, Any] | None) -> SamplingParams:
-        """Build from a JSON-like dict; unknown keys and wrong types raise ValueError."""
-        data = dict(data or {})
-        known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"sampling_params: unknown field(s) {unknown}")
-        for name in ("stop", "stop_regex"):
-            if isinstance(data.get(name), str):
-                data[name] = [data[name]]
-        schema = data.get("json_schema")
-        if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
-            schema = schema.model_json_schema()  # a pydantic model class
-        if isinstance(schema, dict):
-            data["json_schema"] = _json_text("json_schema", schema)
-        if isinstance(data.get("structural_tag"), dict):
-            data["structural_tag"] = _json_text("structural_tag", data["structural_tag"])
-        if data.get("logit_bias") is not None:
-            data["logit_bias"] = _bias_pairs(data["logit_bias"])
-        for name in ("stop", "stop_token_ids", "stop_regex", "choices"):
-            if data.get(name) is not None:
-                if not isinstance(data[name], (list, tuple)):
-                    raise ValueError(f"sampling_params.{name} must be a list")
-                data[name] = tuple(data[name])
-        params = cls(**data)
-        params.check_types()
-        return params
-
-    def check_types(self) -> None:
-        """Raise ValueError naming the first field whose value has the wrong type."""
-        for name, kind in FIELD_KINDS.items():
-            value = getattr(self, name)
-            if value is not None and not _TYPE_CHECKS[kind](value):
-                raise ValueError(f"sampling_params.{name} has the wrong type: {value!r}")
-
-    def validate(self, *, vocab_size: int) -> None:
-        """Raise ValueError naming the first field out of its range."""
-        self.check_types()
-        checks = [
-            (self.max_new_tokens >= 0, "max_new_tokens must be >= 0"),
-            (self.min_new_tokens >= 0, "min_new_tokens must be >= 0"),
-            (self.temperature >= 0, "temperature must be >= 0"),
-            (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
-            (0 <= self.min_p <= 1, "min_p must be in [0, 1]"),
-            (self.repetition_penalty > 0, "repetition_penalty must be > 0"),
-            (-2 <= self.frequency_penalty <= 2, "frequency_penalty must be in [-2, 2]"),
-            (-2 <= self.presence_penalty <= 2, "presence_penalty must be in [-2, 2]"),
-            (self.n >= 1, "n must be >= 1"),
-            (0 <= self.top_logprobs_num <= MAX_TOP_LOGPROBS, "top_logprobs_num must be in [0, 20]"),
-            (all(0 <= t < vocab_size for t in self.stop_token_ids), "stop_token_ids out of vocab"),
-            (all(isinstance(s, str) and s for s in self.stop), "stop must be non-empty strings"),
-            (
-                all(0 <= t < vocab_size for t, _ in self.logit_bias),
-                "logit_bias: token id out of vocab",
-            ),
-            (
-                all(-100 <= b <= 100 for _, b in self.logit_bias),
-                "logit_bias values must be in [-100, 100]",
-            ),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(f"sampling_params: {message}")
-        constraints = [
-            name for name in CONSTRAINT_FIELDS if getattr(self, name) not in (None, False)
-        ]
-        if len(constraints) > 1:
-            raise ValueError(f"sampling_params: at most one constraint, got {constraints}")
-        if self.choices is not None and not self.choices:
-            raise ValueError("sampling_params: choices must not be empty")
+    def from_dict(
+        cls, data: Mapping[str, Any] | None, *, names: Mapping[str, str] | None = None
+    ) -> SamplingParams:
+        """Build from a JSON-like dict; an unknown field, a wrong type or a value out of
+        range raises `SamplingError` naming the field, as `names` spells it (engine field ->
+        the caller's name, e.g. max_new_tokens -> max_tokens on the OpenAI endpoints)."""
         try:
-            check_stop_regexes(self.stop_regex)
-        except ValueError as e:
-            raise ValueError(f"sampling_params.{e}") from None
+            return cls.model_validate(dict(data or {}))
+        except ValidationError as exc:
+            raise SamplingError.of(exc, names or {}) from None
 
     def replace(self, **changes: Any) -> SamplingParams:
-        return dataclasses.replace(self, **changes)
+        """A copy with `changes` (trusted values: not validated again)."""
+        return self.model_copy(update=changes)
+
+    def check_vocab(self, *, vocab_size: int) -> None:
+        """Raise ValueError naming the first field with a token id outside the model's
+        vocabulary (the one check that needs the model)."""
+        if any(t >= vocab_size for t in self.stop_token_ids):
+            raise ValueError("sampling_params.stop_token_ids: token id out of the vocabulary")
+        if any(t >= vocab_size for t, _ in self.logit_bias):
+            raise ValueError("sampling_params.logit_bias: token id out of the vocabulary")
+
+    @field_validator("stop", "stop_regex", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+    @field_validator("json_schema", mode="before")
+    @classmethod
+    def _schema_text(cls, value: Any) -> Any:
+        if isinstance(value, type) and hasattr(value, "model_json_schema"):
+            value = value.model_json_schema()  # a pydantic model class
+        return _json_text("json_schema", value) if isinstance(value, (dict, bool)) else value
+
+    @field_validator("structural_tag", mode="before")
+    @classmethod
+    def _tag_text(cls, value: Any) -> Any:
+        return _json_text("structural_tag", value) if isinstance(value, dict) else value
+
+    @field_validator("logit_bias", mode="before")
+    @classmethod
+    def _bias_pairs(cls, value: Any) -> Any:
+        return () if value is None else bias_pairs(value)
+
+    @field_validator("stop_regex")
+    @classmethod
+    def _usable_patterns(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        check_stop_regexes(value)
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SamplingParams:
+        given = [name for name in CONSTRAINT_FIELDS if getattr(self, name) not in (None, False)]
+        if len(given) > 1:
+            raise ValueError(f"at most one constraint, got {given}")
+        if self.seed is not None and self.seed + self.n - 1 > MAX_SEED:
+            raise ValueError(f"seed + n - 1 must be <= {MAX_SEED} (sample i uses seed + i)")
+        return self
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+class SamplingError(RequestError):
+    """Invalid sampling parameters; `field` is the offending field (None when several)."""
 
-
-def _is_float(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    @classmethod
+    def of(cls, exc: ValidationError, names: Mapping[str, str]) -> SamplingError:
+        """From pydantic's first error: `<field>: <problem>`, the field spelled by `names`."""
+        err = exc.errors()[0]
+        loc = [str(part) for part in err.get("loc", ())]
+        message = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
+        if err.get("type") == "extra_forbidden":
+            message = "unknown field"
+        if not loc:
+            return cls(f"sampling_params: {message}", field=None)
+        field = names.get(loc[0], loc[0])
+        where = ".".join([field, *loc[1:]])
+        prefix = "" if loc[0] in names else "sampling_params."
+        return cls(f"{prefix}{where}: {message}", field=field)
 
 
 def _json_text(name: str, value: Any) -> str:
     try:
         return json.dumps(value)
     except (TypeError, ValueError, RecursionError) as exc:
-        raise ValueError(f"sampling_params.{name} cannot be written as JSON: {exc}") from None
+        raise ValueError(f"{name} cannot be written as JSON: {exc}") from None
 
 
-def _bias_pairs(value: Any) -> tuple[tuple[int, float], ...]:
+def bias_pairs(value: Any) -> list[tuple[Any, Any]]:
     """`{token_id: bias}` (ids as ints or decimal strings, as OpenAI sends them) or a list of
-    pairs -> sorted (id, bias) pairs."""
+    pairs -> (id, bias) pairs sorted by id; the field's own types check each pair."""
     if isinstance(value, Mapping):
         items = list(value.items())
     elif isinstance(value, (list, tuple)) and all(
         isinstance(x, (list, tuple)) and len(x) == 2 for x in value
     ):
-        items = list(value)
+        items = [tuple(x) for x in value]
     else:
-        raise ValueError("sampling_params.logit_bias must map token ids to biases")
-    pairs = {}
-    for key, bias in items:
-        token = int(key) if isinstance(key, str) and key.strip().lstrip("-").isdigit() else key
-        if not _is_int(token) or not _is_float(bias):
-            raise ValueError(f"sampling_params.logit_bias: bad entry {key!r}: {bias!r}")
-        pairs[token] = float(bias)
-    return tuple(sorted(pairs.items()))
+        raise ValueError("must map token ids to biases")
+    pairs = {_token_key(key): bias for key, bias in items}
+    try:
+        return sorted(pairs.items())
+    except TypeError:  # a key that is no token id: the field's types report it
+        return list(pairs.items())
 
 
-_TYPE_CHECKS: Mapping[str, Callable[[Any], bool]] = MappingProxyType(
+def _token_key(key: Any) -> Any:
+    if isinstance(key, str) and key.strip().lstrip("-").isdigit() and len(key) < 20:
+        return int(key)
+    return key
+
+
+# --- derived from the declarations above ---------------------------------------------------
+WIRE: Mapping[str, Wire] = MappingProxyType(
     {
-        "bool": lambda v: isinstance(v, bool),
-        "int": _is_int,
-        "float": _is_float,
-        "str": lambda v: isinstance(v, str),
-        "strs": lambda v: all(isinstance(x, str) for x in v),
-        "ints": lambda v: all(_is_int(x) for x in v),
-        "bias": lambda v: all(_is_int(t) and _is_float(b) for t, b in v),
+        name: next(m for m in info.metadata if isinstance(m, Wire))
+        for name, info in SamplingParams.model_fields.items()
     }
 )
-
-
-def _field_kind(name: str, default: Any) -> str:
-    if name in ("stop", "stop_regex", "choices"):
-        return "strs"
-    if name == "stop_token_ids":
-        return "ints"
-    if name == "logit_bias":
-        return "bias"
-    if name == "seed":
-        return "int"
-    for kind, cls in (("bool", bool), ("int", int), ("float", float)):
-        if isinstance(default, cls):
-            return kind
-    return "str"
-
-
-# The type every field must have, read once from the dataclass defaults.
-FIELD_KINDS: Mapping[str, str] = MappingProxyType(
-    {
-        f.name: _field_kind(f.name, f.default)
-        for f in dataclasses.fields(SamplingParams)
-        if f.name != "extra"
-    }
+GEN_OPTIONS: Mapping[str, str] = MappingProxyType(
+    {w.gen: name for name, w in WIRE.items() if w.gen is not None}
+)
+RUN_OPTIONS: Mapping[str, str] = MappingProxyType(
+    {key: name for key, name in GEN_OPTIONS.items() if name not in CONSTRAINT_FIELDS}
+)
+OPENAI_FIELDS: Mapping[str, str] = MappingProxyType(
+    {w.openai: name for name, w in WIRE.items() if w.openai is not None}
+)
+VLLM_FIELDS: Mapping[str, str] = MappingProxyType(
+    {w.vllm: name for name, w in WIRE.items() if w.vllm is not None}
+)
+VLLM_GUIDED: Mapping[str, str] = MappingProxyType(
+    {f"guided_{w.vllm}": name for name, w in WIRE.items() if w.guided}
+)
+OPENAI_STANDARD: Mapping[str, str] = MappingProxyType(
+    {name: w.openai for name, w in WIRE.items() if w.standard and w.openai is not None}
 )

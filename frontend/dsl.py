@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import inspect
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from plait.backend.sampling_params import GEN_OPTIONS, SamplingParams
 from plait.ir import (
     SELECT_METHODS,
     Concat,
@@ -25,74 +27,57 @@ DTYPE_REGEX: dict[type, str] = {
     bool: r"(True|False)",
     str: r"[^\n]{1,256}",
 }
-_RENAMES = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens"}
+GEN_NAMES = {name: key for key, name in GEN_OPTIONS.items()}  # for error messages
 
 
-def gen(
-    name: str | None = None,
-    *,
-    max_tokens: int | None = None,
-    min_tokens: int | None = None,
-    stop: str | Sequence[str] | None = None,
-    stop_token_ids: Sequence[int] | None = None,
-    stop_regex: str | Sequence[str] | None = None,
-    temperature: float | None = None,
-    top_p: float | None = None,
-    top_k: int | None = None,
-    min_p: float | None = None,
-    frequency_penalty: float | None = None,
-    presence_penalty: float | None = None,
-    repetition_penalty: float | None = None,
-    logit_bias: dict[int, float] | None = None,
-    ignore_eos: bool | None = None,
-    seed: int | None = None,
-    regex: str | None = None,
-    json_schema: Any = None,
-    ebnf: str | None = None,
-    choices: Sequence[str] | None = None,
-    structural_tag: dict[str, Any] | str | None = None,
-    dtype: Any = None,
-    return_logprobs: bool = False,
-    top_logprobs: int | None = None,
-) -> Gen:
+def gen(name: str | None = None, *, dtype: Any = None, **options: Any) -> Gen:
     """Generate text into variable `name` (None: append without naming it).
 
-    At most one constraint: `regex`, `json_schema` (dict, JSON string or pydantic model
-    class), `ebnf`, `choices`, `structural_tag` (tagged sections, e.g. tool calls), or `dtype`
-    (int, float, bool, str: parsed into that type).
+    `options` are the engine's per-request options by their gen() names (`GEN_OPTIONS`,
+    derived from `SamplingParams`): max_tokens, min_tokens, stop (str or list),
+    stop_token_ids, stop_regex, temperature, top_p, top_k, min_p, frequency_penalty,
+    presence_penalty, repetition_penalty, logit_bias, ignore_eos, skip_special_tokens,
+    no_stop_trim, seed, return_logprobs, top_logprobs, logprob_start_len, any_whitespace,
+    strict_mode, jump_forward, close_on_length; and at most one constraint: `regex`,
+    `json_schema` (dict, JSON string or pydantic model class), `ebnf`, `choices`,
+    `json_object`, `structural_tag` (tagged sections, e.g. tool calls), or `dtype` (int,
+    float, bool, str: parsed into that type). A value out of range raises ValueError here.
     """
-    args = dict(locals())
-    params = {_RENAMES.get(k, k): v for k, v in args.items() if _is_sampling(k) and v is not None}
-    for key, value in (("stop", stop), ("stop_regex", stop_regex)):
-        if value is not None:
-            params[key] = [value] if isinstance(value, str) else list(value)
-    if choices is not None:
-        params["choices"] = list(choices)
-    if return_logprobs:
-        params["return_logprob"] = True
-        params["top_logprobs_num"] = top_logprobs or 0
+    params = gen_params(options)
     schema_type = None
-    if json_schema is not None:
-        params["json_schema"], schema_type = schema_text(json_schema)
+    if "json_schema" in params:
+        params["json_schema"], schema_type = schema_text(params["json_schema"])
     if dtype is not None:
         if dtype not in DTYPE_REGEX:
             raise TypeError(f"gen(dtype=...) takes int, float, bool or str, not {dtype!r}")
-        if regex is not None:
+        if "regex" in params:
             raise ValueError("gen: give dtype or regex, not both")
         params["regex"] = DTYPE_REGEX[dtype]
+    SamplingParams.from_dict(params, names=GEN_NAMES)  # a bad value fails at this gen
     return Gen(name, params, dtype=dtype or schema_type, where=caller_location())
 
 
-def _is_sampling(key: str) -> bool:
-    return key not in (
-        "name",
-        "json_schema",
-        "dtype",
-        "return_logprobs",
-        "top_logprobs",
-        "stop",
-        "stop_regex",
-    )
+def gen_params(
+    options: Mapping[str, Any], *, allowed: Mapping[str, str] = GEN_OPTIONS
+) -> dict[str, Any]:
+    """Engine field -> value for gen()-named `options` (None values left out); an unknown
+    name is a TypeError listing the known ones."""
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        known = ", ".join(sorted(allowed))
+        raise TypeError(f"unknown option(s) {unknown}; plait takes: {known}")
+    return {allowed[k]: v for k, v in options.items() if v is not None}
+
+
+def _gen_signature() -> inspect.Signature:
+    """gen()'s signature as help() and editors show it: every option as a keyword."""
+    kw = inspect.Parameter.KEYWORD_ONLY
+    params = [inspect.Parameter("name", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None)]
+    params += [inspect.Parameter(k, kw, default=None) for k in ("dtype", *GEN_OPTIONS)]
+    return inspect.Signature(params, return_annotation=Gen)
+
+
+gen.__signature__ = _gen_signature()  # type: ignore[attr-defined]
 
 
 def schema_text(schema: Any) -> tuple[str, Any]:

@@ -24,32 +24,14 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from plait.backend.sampling_params import RUN_OPTIONS
 from plait.clients.base import Backend
 from plait.context import resolve_backend
-from plait.dsl import _RENAMES
 from plait.greenlets import drive
 from plait.interpreter import StateExecutor
 from plait.ir import Node
 from plait.state import ProgramState
 from plait.tracing import leading_text, shared_prefix, trace
-
-SAMPLING_KEYS = frozenset(
-    {
-        "max_tokens",
-        "min_tokens",
-        "stop",
-        "stop_token_ids",
-        "temperature",
-        "top_p",
-        "top_k",
-        "min_p",
-        "frequency_penalty",
-        "presence_penalty",
-        "repetition_penalty",
-        "ignore_eos",
-        "seed",
-    }
-)
 
 
 class Program:
@@ -126,10 +108,8 @@ class Program:
         for key, value in kwargs.items():
             if key in self._params:
                 args[key] = value
-            elif key in SAMPLING_KEYS:
-                defaults[_RENAMES.get(key, key)] = (
-                    [value] if key == "stop" and isinstance(value, str) else value
-                )
+            elif key in RUN_OPTIONS:
+                defaults[RUN_OPTIONS[key]] = value
             else:
                 raise TypeError(
                     f"{self.func.__name__}() got an unexpected keyword argument {key!r}"

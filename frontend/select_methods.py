@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from plait.clients.base import ChoiceLogprobs
+
+@dataclass(frozen=True)
+class ChoiceLogprobs:
+    """Logprobs of one choice's tokens after the prefix (and, if asked, with no prefix)."""
+
+    token_logprobs: list[float]
+    unconditional: list[float] | None = None
+    cached_tokens: int = 0
 
 
 def mean(values: Sequence[float]) -> float:

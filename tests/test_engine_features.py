@@ -218,15 +218,15 @@ def test_logit_bias_parsing_and_ranges() -> None:
 
     params = SamplingParams.from_dict({"logit_bias": {"7": -1, 5: 3.5}})
     assert params.logit_bias == ((5, 3.5), (7, -1.0))
-    params.validate(vocab_size=10)
+    params.check_vocab(vocab_size=10)
     with pytest.raises(ValueError, match="logit_bias"):
         SamplingParams.from_dict({"logit_bias": {"x": 1.0}})
     with pytest.raises(ValueError, match="logit_bias"):
         SamplingParams.from_dict({"logit_bias": {3: "high"}})
     with pytest.raises(ValueError, match="logit_bias"):
-        SamplingParams.from_dict({"logit_bias": {3: 101}}).validate(vocab_size=10)
+        SamplingParams.from_dict({"logit_bias": {3: 101}}).check_vocab(vocab_size=10)
     with pytest.raises(ValueError, match="logit_bias"):
-        SamplingParams.from_dict({"logit_bias": {10: 1}}).validate(vocab_size=10)
+        SamplingParams.from_dict({"logit_bias": {10: 1}}).check_vocab(vocab_size=10)
 
 
 def test_logit_bias_steers_sampling_in_a_mixed_batch(engine: Engine) -> None:
@@ -258,3 +258,28 @@ def test_profile_records_steps_into_a_chrome_trace(engine: Engine, tmp_path: Pat
     engine.start_profile(output_dir=str(tmp_path / "auto"), num_steps=2)
     engine.generate("Stops by itself", greedy(6))
     assert len(list((tmp_path / "auto").glob("plait-trace-*.json"))) == 1
+
+
+def test_a_failing_detokenization_fails_only_its_request_in_process(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    detokenizer = engine.runtime.detokenizer  # type: ignore[union-attr]
+    real = detokenizer.step
+
+    def step(out: Any) -> str:
+        if out.rid == "poisoned":
+            raise RuntimeError("decode failed")
+        return real(out)
+
+    monkeypatch.setattr(detokenizer, "step", step)
+    params = engine._requests(None, [[5, 6, 7], [5, 6, 8]], greedy(6, ignore_eos=True))[0]
+
+    async def both() -> dict[int, dict[str, Any]]:
+        stream = engine.stream_batch(params, rids=["poisoned", "fine"], stream=False)
+        return {index: item async for index, item in stream}
+
+    results = asyncio.run(both())
+    assert results[0]["text"] == "" and len(results[0]["output_ids"]) == 6
+    assert results[1]["text"] and len(results[1]["output_ids"]) == 6
+    again = engine.generate(input_ids=[5, 6, 8], sampling_params=greedy(6, ignore_eos=True))
+    assert again["output_ids"] == results[1]["output_ids"]  # the scheduler thread lives on

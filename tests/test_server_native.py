@@ -124,6 +124,11 @@ def test_generate_errors_name_the_field(url: str) -> None:
     assert r.status_code == 400 and "structural_tag needs a 'format'" in error_message(r)
     r = generate(url, text="x", sampling_params={"custom_params": {"a": 1}})
     assert r.status_code == 400 and "custom_params" in error_message(r)
+    for fields, name in (({"top_k": 2**70}, "top_k"), ({"seed": 2**64}, "seed"),
+                         ({"seed": 2**64 - 1, "n": 2}, "seed")):  # fmt: skip
+        r = generate(url, text="x", sampling_params=fields)
+        assert r.status_code == 400 and r.json()["error"]["param"] == name, r.text
+    assert generate(url, text="x", sampling_params=greedy(2)).status_code == 200
 
 
 def test_metrics_exposition(url: str) -> None:

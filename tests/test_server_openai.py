@@ -351,3 +351,41 @@ def test_streamed_chat_keeps_every_logprob(client: openai.OpenAI) -> None:
     assert len(streamed) == len(whole.choices[0].logprobs.content or []) == 20
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole.choices[0].message.content
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"top_k": 2**70}, "top_k"),
+        ({"seed": 2**64}, "seed"),
+        ({"seed": 2**64 - 1, "n": 2}, "seed"),
+        ({"temperature": 1e308}, "temperature"),
+        ({"min_tokens": -1}, "min_tokens"),
+        ({"n": 0}, "n"),
+    ],
+)
+def test_numbers_out_of_range_are_400s_naming_the_field(
+    plait_server: Runtime, extra: dict[str, Any], param: str
+) -> None:
+    r = completion(plait_server.url, "x", 4, **extra)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+    assert completion(plait_server.url, "x", -1).json()["error"]["param"] == "max_tokens"
+    ok = completion(plait_server.url, "x", 4, ignore_eos=True)  # the server is unharmed
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 4
+
+
+def test_max_completion_tokens_is_checked_under_its_own_name(plait_server: Runtime) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+            "max_completion_tokens": -5}  # fmt: skip
+    r = httpx.post(plait_server.url + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_completion_tokens"
+
+
+def test_plait_extension_fields_on_the_openai_endpoints(plait_server: Runtime) -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "o", "schema": schema}}
+    r = completion(plait_server.url, "JSON:", 3, response_format=fmt, close_on_length=False)
+    assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"
+    r = completion(plait_server.url, "JSON:", 64, response_format=fmt, any_whitespace=True)
+    assert r.status_code == 200 and json.loads(r.json()["choices"][0]["text"])["a"] is not None

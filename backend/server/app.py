@@ -23,6 +23,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from plait.backend.engine import Engine
+from plait.backend.request_checks import RequestError
 from plait.backend.server.native_api import NativeApi
 from plait.backend.server.openai_api import OpenAIApi
 from plait.backend.server.protocol import ApiError, error_body, validation_message
@@ -77,7 +78,6 @@ def create_app(
     engine.tokenizer_manager.observer = ctx.metrics.observe
     lifespan = _lifespan(ctx, grace_s=settings.fatal_grace_s, on_fatal=on_fatal)
     app = FastAPI(title="plait", lifespan=lifespan)
-    app.state.ctx = ctx
     _add_error_handlers(app)
     app.include_router(OpenAIApi(ctx).router())
     app.include_router(NativeApi(ctx).router())
@@ -127,6 +127,10 @@ def _add_error_handlers(app: FastAPI) -> None:
         assert isinstance(exc, ApiError)
         return JSONResponse(error_body(exc.status, exc.message, param=exc.param), exc.status)
 
+    async def on_request_error(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestError)
+        return JSONResponse(error_body(400, str(exc), param=exc.field), status_code=400)
+
     async def on_validation(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
         message, field = validation_message(exc.errors())
@@ -141,13 +145,7 @@ def _add_error_handlers(app: FastAPI) -> None:
         return JSONResponse(error_body(500, f"internal error: {exc!r}"), status_code=500)
 
     app.add_exception_handler(ApiError, on_api_error)
+    app.add_exception_handler(RequestError, on_request_error)
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(HTTPException, on_http)
     app.add_exception_handler(Exception, on_other)
-
-
-def context_of(app: FastAPI) -> ServerContext:
-    """The ServerContext an app was built around."""
-    ctx = app.state.ctx
-    assert isinstance(ctx, ServerContext)
-    return ctx

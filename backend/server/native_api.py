@@ -22,13 +22,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from plait.backend.profiler import ProfileRequest
+from plait.backend.request_checks import prompt_batch
 from plait.backend.server.protocol import AbortBody, ApiError, GenerateRequest, error_body
 from plait.backend.server.serving import (
     Chunks,
     Events,
     Job,
     ServerContext,
-    check_lengths,
     collect,
     job_of,
     make_params,
@@ -166,15 +166,15 @@ def _version() -> str:
 # --- request -> jobs ----------------------------------------------------------------------
 def generate_jobs(ctx: ServerContext, req: GenerateRequest) -> tuple[list[Job], bool]:
     """One Job per prompt; the flag says a single (non-batch) prompt was given."""
-    prompts, single, field = _prompts(ctx, req)
-    count = len(prompts)
+    prompts = prompt_batch(text=req.text, input_ids=req.input_ids, encode=ctx.encode)
+    count = len(prompts.ids)
     params = _per_item(req.sampling_params, count=count, name="sampling_params", default={})
     rids = _per_item(req.rid, count=count, name="rid", default=None)
     want_logprobs = _per_item(req.return_logprob, count=count, name="return_logprob", default=False)
     starts = _per_item(req.logprob_start_len, count=count, name="logprob_start_len", default=-1)
     tops = _per_item(req.top_logprobs_num, count=count, name="top_logprobs_num", default=0)
     jobs = []
-    for i, ids in enumerate(prompts):
+    for i, ids in enumerate(prompts.ids):
         fields = sglang_sampling(params[i] or {})
         if want_logprobs[i]:
             start = starts[i] if starts[i] is not None and starts[i] >= 0 else len(ids) - 1
@@ -182,26 +182,11 @@ def generate_jobs(ctx: ServerContext, req: GenerateRequest) -> tuple[list[Job], 
             fields.update(top_logprobs_num=tops[i] or 0)
         job = Job(ids, make_params(fields), rids[i])
         max_new, max_field = job.params.max_new_tokens, "sampling_params.max_new_tokens"
-        check_lengths(ctx, len(ids), max_new=max_new, prompt_field=field, max_field=max_field)
+        ctx.check_lengths(
+            len(ids), max_new=max_new, prompt_field=prompts.field, max_field=max_field
+        )
         jobs.append(job)
-    return jobs, single
-
-
-def _prompts(ctx: ServerContext, req: GenerateRequest) -> tuple[list[list[int]], bool, str]:
-    if (req.text is None) == (req.input_ids is None):
-        raise ApiError(400, "text: give exactly one of text or input_ids", param="text")
-    if req.text is not None:
-        single = isinstance(req.text, str)
-        texts = [req.text] if isinstance(req.text, str) else req.text
-        prompts, field = [ctx.encode(t) for t in texts], "text"
-    else:
-        assert req.input_ids is not None
-        single = not req.input_ids or isinstance(req.input_ids[0], int)
-        prompts = [list(req.input_ids)] if single else [list(x) for x in req.input_ids]  # type: ignore[arg-type]
-        field = "input_ids"
-    if not prompts or any(not ids for ids in prompts):
-        raise ApiError(400, f"{field}: must not be empty", param=field)
-    return prompts, single, field
+    return jobs, prompts.single
 
 
 def _per_item(value: Any, *, count: int, name: str, default: Any) -> list[Any]:

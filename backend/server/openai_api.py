@@ -13,6 +13,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from plait.backend.request_checks import prompt_batch
 from plait.backend.sampling_params import CONSTRAINT_FIELDS
 from plait.backend.server.openai_format import (
     chat_chunks,
@@ -21,6 +22,7 @@ from plait.backend.server.openai_format import (
     completion_response,
 )
 from plait.backend.server.protocol import (
+    OPENAI_NAMES,
     ApiError,
     ChatCompletionRequest,
     ChatMessage,
@@ -33,7 +35,6 @@ from plait.backend.server.protocol import (
 from plait.backend.server.serving import (
     Job,
     ServerContext,
-    check_lengths,
     collect,
     make_params,
     open_stream,
@@ -147,31 +148,10 @@ def check_model(ctx: ServerContext, model: str | None) -> None:
         )  # fmt: skip
 
 
-def sampling_fields(req: OpenAISampling, max_tokens: int) -> dict[str, Any]:
-    """SamplingParams fields of an OpenAI request (None = the engine's default)."""
-    fields = {
-        "max_new_tokens": max_tokens,
-        "temperature": req.temperature,
-        "top_p": req.top_p,
-        "n": req.n,
-        "stop": req.stop,  # a string or a list: SamplingParams.from_dict takes both
-        "seed": req.seed,
-        "presence_penalty": req.presence_penalty,
-        "frequency_penalty": req.frequency_penalty,
-        "logit_bias": req.logit_bias or None,
-        "top_k": req.top_k,
-        "min_p": req.min_p,
-        "repetition_penalty": req.repetition_penalty,
-        "min_new_tokens": req.min_tokens,
-        "ignore_eos": req.ignore_eos,
-        "skip_special_tokens": req.skip_special_tokens,
-        "stop_token_ids": req.stop_token_ids,
-        "stop_regex": req.stop_regex,
-        "no_stop_trim": req.no_stop_trim,
-        "regex": req.regex,
-        "ebnf": req.ebnf,
-        "close_on_length": req.close_on_length,
-    }
+def sampling_fields(req: OpenAISampling) -> dict[str, Any]:
+    """The engine's fields of an OpenAI request: its sampling fields, plus the constraint
+    given through response_format or vLLM's fields (each constraint at most once)."""
+    fields = req.sampling()
     for more in (format_fields(req.response_format), vllm_fields(req)):
         clash = sorted(k for k in more if fields.get(k) is not None)
         if clash:
@@ -185,13 +165,7 @@ def sampling_fields(req: OpenAISampling, max_tokens: int) -> dict[str, Any]:
 
 def vllm_fields(req: OpenAISampling) -> dict[str, Any]:
     """vLLM's constraint fields (`guided_*`, or `structured_outputs`) -> plait's."""
-    legacy: dict[str, Any] = {
-        "json_schema": req.guided_json,
-        "regex": req.guided_regex,
-        "choices": req.guided_choice,
-        "ebnf": req.guided_grammar,
-    }
-    given = {k: v for k, v in legacy.items() if v is not None}
+    given = req.guided()
     so = req.structured_outputs
     if so is not None:
         if given:
@@ -199,21 +173,13 @@ def vllm_fields(req: OpenAISampling) -> dict[str, Any]:
                 400, "structured_outputs: give it or the guided_* fields, not both",
                 param="structured_outputs",
             )  # fmt: skip
-        modern: dict[str, Any] = {
-            "json_schema": so.json_,
-            "regex": so.regex,
-            "choices": so.choice,
-            "ebnf": so.grammar,
-            "json_object": so.json_object or None,
-            "structural_tag": so.structural_tag,
-        }
-        given = {k: v for k, v in modern.items() if v is not None}
+        given = so.constraints()
         if not given:
             raise ApiError(
                 400, "structured_outputs: needs one of json, regex, choice, grammar, "
                 "json_object, structural_tag", param="structured_outputs",
             )  # fmt: skip
-    return given  # dict schemas and tags become JSON text in SamplingParams.from_dict
+    return given  # dict schemas and tags become JSON text in SamplingParams
 
 
 def format_fields(fmt: ResponseFormat | None) -> dict[str, Any]:
@@ -235,36 +201,32 @@ def format_fields(fmt: ResponseFormat | None) -> dict[str, Any]:
     return {"json_schema": json.dumps(fmt.json_schema.schema_)}
 
 
-def prompt_ids(
-    ctx: ServerContext, prompt: str | list[str] | list[int] | list[list[int]]
-) -> list[list[int]]:
-    """Token ids of each prompt (a string, a list of strings, ids, or a list of id lists)."""
-    items: list[Any] = [prompt] if isinstance(prompt, str) else list(prompt)
-    if items and all(isinstance(p, int) for p in items):
-        items = [items]
-    batch = [ctx.encode(p) if isinstance(p, str) else [int(t) for t in p] for p in items]
-    if not batch or any(not ids for ids in batch):
-        raise ApiError(400, "prompt: must not be empty", param="prompt")
-    return batch
-
-
 def completion_jobs(ctx: ServerContext, req: CompletionRequest) -> list[Job]:
     check_model(ctx, req.model)
     if req.suffix:
         raise ApiError(400, "suffix: not supported by plait", param="suffix")
-    if req.best_of not in (None, req.n):
-        raise ApiError(400, "best_of: only best_of == n is supported", param="best_of")
-    max_tokens = DEFAULT_COMPLETION_TOKENS if req.max_tokens is None else req.max_tokens
-    fields = sampling_fields(req, max_tokens)
+    fields = sampling_fields(req)
+    fields.setdefault("max_new_tokens", DEFAULT_COMPLETION_TOKENS)
     if req.logprobs is not None:
         start = 0 if req.echo else -1
         fields.update(return_logprob=True, top_logprobs_num=req.logprobs, logprob_start_len=start)
+    params = make_params(fields, names=OPENAI_NAMES)
+    if req.best_of not in (None, params.n):
+        raise ApiError(400, "best_of: only best_of == n is supported", param="best_of")
     jobs = []
-    for ids in prompt_ids(ctx, req.prompt):
+    for ids in prompt_batch(**prompt_fields(req.prompt), encode=ctx.encode).ids:
         names = {"prompt_field": "prompt", "max_field": "max_tokens"}
-        check_lengths(ctx, len(ids), max_new=max_tokens, **names)
-        jobs.append(Job(ids, make_params(fields)))
+        ctx.check_lengths(len(ids), max_new=params.max_new_tokens, **names)
+        jobs.append(Job(ids, params))
     return jobs
+
+
+def prompt_fields(prompt: str | list[str] | list[int] | list[list[int]]) -> dict[str, Any]:
+    """OpenAI's `prompt` (text, texts, ids or id lists) as text or input_ids, both named
+    "prompt" in errors."""
+    textual = isinstance(prompt, str) or any(isinstance(p, str) for p in prompt)
+    given = {"text": prompt, "input_ids": None} if textual else {"text": None, "input_ids": prompt}
+    return {**given, "text_field": "prompt", "ids_field": "prompt"}
 
 
 def chat_jobs(ctx: ServerContext, req: ChatCompletionRequest) -> list[Job]:
@@ -273,19 +235,25 @@ def chat_jobs(ctx: ServerContext, req: ChatCompletionRequest) -> list[Job]:
     if req.top_logprobs and not req.logprobs:
         raise ApiError(400, "top_logprobs: requires logprobs=true", param="top_logprobs")
     ids = render_chat(ctx, req.messages, plan, **(req.chat_template_kwargs or {}))
-    field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-    max_tokens = req.max_completion_tokens if field == "max_completion_tokens" else req.max_tokens
-    if max_tokens is None:
-        max_tokens = max(0, min(ctx.context_len, ctx.engine.info.kv_tokens) - len(ids))
-    check_lengths(ctx, len(ids), max_new=max_tokens, prompt_field="messages", max_field=field)
-    fields = sampling_fields(req, max_tokens)
+    fields, names = sampling_fields(req), OPENAI_NAMES
+    if req.max_completion_tokens is not None:
+        fields["max_new_tokens"] = req.max_completion_tokens
+        names = {**names, "max_new_tokens": "max_completion_tokens"}
     if plan is not None:
         if any(fields.get(name) not in (None, False) for name in CONSTRAINT_FIELDS):
             raise ApiError(400, "tools: cannot be combined with a constraint", param="tools")
         fields["structural_tag"] = structural_tag(plan)
     if req.logprobs:
         fields.update(return_logprob=True, top_logprobs_num=req.top_logprobs or 0)
-    return [Job(ids, make_params(fields))]
+    params = make_params(fields, names=names)
+    if "max_new_tokens" not in fields:  # the rest of the context
+        room = min(ctx.context_len, ctx.engine.info.kv_tokens) - len(ids)
+        params = params.replace(max_new_tokens=max(0, room))
+    field = names["max_new_tokens"]
+    ctx.check_lengths(
+        len(ids), max_new=params.max_new_tokens, prompt_field="messages", max_field=field
+    )
+    return [Job(ids, params)]
 
 
 def render_chat(

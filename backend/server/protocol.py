@@ -8,13 +8,14 @@ names the field (`validation_message`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-MAX_N = 64
-MAX_TOP_LOGPROBS = 20
+from plait.backend.sampling_params import MAX_TOP_LOGPROBS, OPENAI_FIELDS, VLLM_FIELDS, VLLM_GUIDED
+
+OPENAI_NAMES = {name: openai for openai, name in OPENAI_FIELDS.items()}
 UNION_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
 
 
@@ -90,48 +91,45 @@ class StructuredOutputs(BaseModel):
     grammar: str | None = None
     json_object: bool | None = None
     structural_tag: str | dict[str, Any] | None = None
-    disable_any_whitespace: bool = False  # plait's JSON is compact either way
+    disable_any_whitespace: bool = False  # plait's JSON is compact unless any_whitespace
     disable_additional_properties: bool = False  # strict mode, plait's default
+
+    def constraints(self) -> dict[str, Any]:
+        """The constraints given, by engine field name."""
+        given = self.model_dump(by_alias=True)
+        return {VLLM_FIELDS[k]: v for k, v in given.items() if k in VLLM_FIELDS and v}
 
 
 class OpenAISampling(BaseModel):
-    """Fields shared by /v1/completions and /v1/chat/completions (OpenAI's plus the usual
-    extensions of open-source servers: top_k, min_p, regex, ebnf, ...)."""
+    """Fields shared by /v1/completions and /v1/chat/completions.
 
-    model_config = ConfigDict(extra="ignore")
+    The engine's sampling fields (OpenAI's plus the usual extensions of open-source servers:
+    top_k, min_p, regex, ebnf, ...; `OPENAI_FIELDS`) and vLLM's `guided_*` constraints are
+    not declared again here: `sampling()` picks them out by name and `SamplingParams`
+    validates them (`OPENAI_NAMES` spells its errors the client's way). Other unknown
+    fields are ignored, as OpenAI's own clients send a few more than any server implements.
+    """
+
+    model_config = ConfigDict(extra="allow")
 
     model: str
-    max_tokens: int | None = Field(default=None, ge=0)
-    temperature: float | None = Field(default=None, ge=0)
-    top_p: float | None = Field(default=None, gt=0, le=1)
-    n: int = Field(default=1, ge=1, le=MAX_N)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
-    logit_bias: dict[str, float] | None = None
     user: str | None = None
     response_format: ResponseFormat | None = None
-    top_k: int | None = None
-    min_p: float | None = Field(default=None, ge=0, le=1)
-    repetition_penalty: float | None = Field(default=None, gt=0)
-    min_tokens: int | None = Field(default=None, ge=0)
-    ignore_eos: bool = False
-    skip_special_tokens: bool = True
-    stop_token_ids: list[int] | None = None
-    stop_regex: str | list[str] | None = None
-    no_stop_trim: bool = False
-    regex: str | None = None
-    ebnf: str | None = None
-    close_on_length: bool | None = None  # plait: complete constrained output at max_tokens
-    # vLLM's spellings of the constraints
-    guided_json: str | dict[str, Any] | None = None
-    guided_regex: str | None = None
-    guided_choice: list[str] | None = None
-    guided_grammar: str | None = None
     structured_outputs: StructuredOutputs | None = None
+
+    def sampling(self) -> dict[str, Any]:
+        """The engine's fields given by their OpenAI names (None values left out)."""
+        return self._picked(OPENAI_FIELDS)
+
+    def guided(self) -> dict[str, Any]:
+        """vLLM's `guided_*` constraints, by engine field name."""
+        return self._picked(VLLM_GUIDED)
+
+    def _picked(self, names: Mapping[str, str]) -> dict[str, Any]:
+        extra = self.model_extra or {}
+        return {names[k]: v for k, v in extra.items() if k in names and v is not None}
 
 
 class CompletionRequest(OpenAISampling):
@@ -208,7 +206,7 @@ class ChatCompletionRequest(OpenAISampling):
     """POST /v1/chat/completions."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=0)
+    max_completion_tokens: Any = None  # max_tokens' newer name: validated as max_tokens is
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     tools: list[ToolDef] | None = None

@@ -14,7 +14,7 @@ import contextlib
 import json
 import re
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +22,8 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from plait.backend.engine import Engine
-from plait.backend.sampling_params import FIELD_KINDS, SamplingParams
+from plait.backend.request_checks import check_lengths
+from plait.backend.sampling_params import SamplingParams
 from plait.backend.server.metrics import ServerMetrics
 from plait.backend.server.protocol import ApiError, error_body
 
@@ -61,6 +62,20 @@ class ServerContext:
     def encode(self, text: str) -> list[int]:
         return self.engine.tokenizer_manager.encode(text)
 
+    def check_lengths(
+        self, prompt_len: int, *, max_new: int, prompt_field: str, max_field: str
+    ) -> None:
+        """A RequestError (HTTP 400 naming the field) unless the request fits the model's
+        context and the KV pool."""
+        check_lengths(
+            prompt_len=prompt_len,
+            max_new_tokens=max_new,
+            context_len=self.context_len,
+            pool_size=self.engine.info.kv_tokens,
+            prompt_field=prompt_field,
+            max_field=max_field,
+        )
+
     def token_text(self, token_id: int) -> str:
         return str(self.engine.tokenizer.decode([token_id]))
 
@@ -71,39 +86,21 @@ def job_of(jobs: Sequence[Job]) -> list[Job]:
 
 
 # --- request checks -------------------------------------------------------------------
-def make_params(fields: dict[str, Any], *, name: str = "sampling_params") -> SamplingParams:
-    """SamplingParams from a dict (None values dropped); errors become HTTP 400."""
-    try:
-        return SamplingParams.from_dict({k: v for k, v in fields.items() if v is not None})
-    except (TypeError, ValueError) as exc:
-        raise ApiError(400, f"{name}: {exc}", param=field_named(str(exc)) or name) from exc
+def make_params(
+    fields: Mapping[str, Any], *, names: Mapping[str, str] | None = None
+) -> SamplingParams:
+    """SamplingParams from engine-named fields (None values dropped); an invalid one raises
+    a SamplingError, an HTTP 400 naming the field as the client spelled it (`names`: engine
+    name -> its name)."""
+    given = {k: v for k, v in fields.items() if v is not None}
+    return SamplingParams.from_dict(given, names=names)
 
 
 def field_named(message: str) -> str | None:
     """The sampling-parameter field an error message names first (for the error's `param`)."""
-    hits = [(m.start(), f) for f in FIELD_KINDS if (m := re.search(rf"\b{f}\b", message))]
+    fields = SamplingParams.model_fields
+    hits = [(m.start(), f) for f in fields if (m := re.search(rf"\b{f}\b", message))]
     return min(hits)[1] if hits else None
-
-
-def check_lengths(
-    ctx: ServerContext, prompt_len: int, *, max_new: int, prompt_field: str, max_field: str
-) -> None:
-    """400 naming the field when the prompt, or prompt + max tokens, exceeds the context."""
-    limit = ctx.context_len
-    if prompt_len >= limit:
-        raise ApiError(
-            400,
-            f"{prompt_field}: the prompt has {prompt_len} tokens; the model's context length "
-            f"is {limit} tokens",
-            param=prompt_field,
-        )
-    if prompt_len + max_new > limit:
-        raise ApiError(
-            400,
-            f"{max_field}: prompt ({prompt_len} tokens) + {max_field} ({max_new}) exceeds the "
-            f"model's context length of {limit} tokens",
-            param=max_field,
-        )
 
 
 def error_status(ctx: ServerContext, message: str) -> int:

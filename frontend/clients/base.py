@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from plait.chat_template import ChatTemplate
+from plait.select_methods import ChoiceLogprobs, choose
 
 OnText = Callable[[str], None]
 
@@ -18,15 +19,6 @@ class GenOutput:
 
     text: str
     meta: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class ChoiceLogprobs:
-    """Logprobs of one choice's tokens after the prefix (and, if asked, with no prefix)."""
-
-    token_logprobs: list[float]
-    unconditional: list[float] | None = None
-    cached_tokens: int = 0
 
 
 class Backend(ABC):
@@ -53,8 +45,6 @@ class Backend(ABC):
         self, prefix: str, choices: Sequence[str], *, method: str
     ) -> tuple[int, dict[str, Any]]:
         """(index of the chosen continuation, meta with the scores) — by scoring each."""
-        from plait.select_methods import choose
-
         unconditional = method == "unconditional_likelihood_normalized"
         return choose(
             method, choices, await self.score(prefix, choices, unconditional=unconditional)

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import json
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -12,12 +9,11 @@ import httpx
 
 from plait.chat_template import ChatTemplate
 from plait.clients.base import Backend, ChoiceLogprobs, GenOutput, OnText
+from plait.clients.transport import HttpError, LoopClients, check
+
+__all__ = ["HttpBackend", "HttpError", "meta_of", "request_body"]
 
 TOP_LEVEL = ("return_logprob", "logprob_start_len", "top_logprobs_num")
-
-
-class HttpError(RuntimeError):
-    """The server refused a request (the message is the server's)."""
 
 
 class HttpBackend(Backend):
@@ -28,34 +24,21 @@ class HttpBackend(Backend):
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.timeout = timeout
         info = httpx.get(f"{self.url}/get_model_info", headers=self.headers, timeout=timeout)
-        _check(info)
+        check(info)
         self.model_info: dict[str, Any] = info.json()
         self._template = ChatTemplate.from_jinja(
             self.model_info.get("chat_template"),
             bos_token=self.model_info.get("bos_token") or "",
             eos_token=self.model_info.get("eos_token") or "",
         )
-        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient]
-        self._clients = weakref.WeakKeyDictionary()
+        self._http = LoopClients(headers=self.headers, timeout=timeout)
 
     @property
     def chat_template(self) -> ChatTemplate:
         return self._template
 
-    def _client(self) -> httpx.AsyncClient:
-        """One connection pool per event loop (each run has its own loop)."""
-        loop = asyncio.get_running_loop()
-        client = self._clients.get(loop)
-        if client is None:
-            limits = httpx.Limits(max_connections=512, max_keepalive_connections=64)
-            client = httpx.AsyncClient(headers=self.headers, timeout=self.timeout, limits=limits)
-            self._clients[loop] = client
-        return client
-
     async def _post(self, body: dict[str, Any]) -> Any:
-        resp = await self._client().post(f"{self.url}/generate", json=body)
-        _check(resp)
-        return resp.json()
+        return await self._http.post(f"{self.url}/generate", body)
 
     async def generate(
         self, text: str, params: dict[str, Any], *, on_text: OnText | None = None
@@ -66,17 +49,10 @@ class HttpBackend(Backend):
             return GenOutput(out["text"], meta_of(out["meta_info"]))
         body["stream"] = True
         shown, meta = "", {}
-        async with self._client().stream("POST", f"{self.url}/generate", json=body) as resp:
-            if resp.status_code != 200:
-                await resp.aread()
-                _check(resp)
-            async for line in resp.aiter_lines():
-                if not line.startswith("data:") or line.strip() == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[5:])
-                if len(chunk["text"]) > len(shown):
-                    on_text(chunk["text"][len(shown) :])
-                shown, meta = chunk["text"], chunk["meta_info"]
+        async for chunk in self._http.events(f"{self.url}/generate", body):
+            if len(chunk["text"]) > len(shown):
+                on_text(chunk["text"][len(shown) :])
+            shown, meta = chunk["text"], chunk["meta_info"]
         return GenOutput(shown, meta_of(meta))
 
     async def score(
@@ -159,12 +135,3 @@ def _choice_logprobs(info: dict[str, Any], prefix: str) -> ChoiceLogprobs:
     return ChoiceLogprobs(
         [t[0] for t in tokens if t[0] is not None], None, info.get("cached_tokens", 0)
     )
-
-
-def _check(resp: httpx.Response) -> None:
-    if resp.status_code != 200:
-        try:
-            detail = resp.json()
-        except ValueError:
-            detail = resp.text
-        raise HttpError(f"HTTP {resp.status_code} from {resp.request.url}: {detail}")

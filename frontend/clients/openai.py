@@ -8,18 +8,15 @@ constraints, prompt-token scoring. `select` becomes a JSON-schema enum over the 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
-import httpx
-
+from plait.backend.sampling_params import OPENAI_STANDARD
 from plait.chat_template import CHATML, ChatTemplate
 from plait.clients.base import Backend, ChoiceLogprobs, GenOutput, OnText, UnsupportedError
-from plait.clients.http import HttpError
+from plait.clients.transport import HttpError, LoopClients
 
 TURN = re.compile(r"<\|im_start\|>(system|user|assistant)\n(.*?)(<\|im_end\|>\n|$)", re.S)
 UNSUPPORTED = {
@@ -27,16 +24,6 @@ UNSUPPORTED = {
     "ebnf": "constrain output to an EBNF grammar",
     "structural_tag": "constrain output to a structural tag",
     "stop_regex": "stop at a regex",
-}
-OPENAI_NAMES = {
-    "max_new_tokens": "max_tokens",
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "stop": "stop",
-    "seed": "seed",
-    "frequency_penalty": "frequency_penalty",
-    "presence_penalty": "presence_penalty",
-    "logit_bias": "logit_bias",
 }
 
 
@@ -51,18 +38,11 @@ class OpenAIBackend(Backend):
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.timeout = timeout
         self._template = ChatTemplate.from_jinja(CHATML)
-        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient]
-        self._clients = weakref.WeakKeyDictionary()
+        self._http = LoopClients(headers=self.headers, timeout=timeout)
 
     @property
     def chat_template(self) -> ChatTemplate:
         return self._template
-
-    def _client(self) -> httpx.AsyncClient:
-        loop = asyncio.get_running_loop()
-        if loop not in self._clients:
-            self._clients[loop] = httpx.AsyncClient(headers=self.headers, timeout=self.timeout)
-        return self._clients[loop]
 
     async def generate(
         self, text: str, params: dict[str, Any], *, on_text: OnText | None = None
@@ -71,9 +51,7 @@ class OpenAIBackend(Backend):
         path = "/chat/completions" if "messages" in body else "/completions"
         if on_text is not None:
             return await self._stream(path, {**body, "stream": True}, on_text)
-        resp = await self._client().post(self.base_url + path, json=body)
-        _check(resp)
-        data = resp.json()
+        data = await self._http.post(self.base_url + path, body)
         choice = data["choices"][0]
         content = choice["message"]["content"] if "message" in choice else choice["text"]
         return GenOutput(content or "", _meta(choice, data.get("usage")))
@@ -81,21 +59,14 @@ class OpenAIBackend(Backend):
     async def _stream(self, path: str, body: dict[str, Any], on_text: OnText) -> GenOutput:
         pieces: list[str] = []
         choice: dict[str, Any] = {}
-        async with self._client().stream("POST", self.base_url + path, json=body) as resp:
-            if resp.status_code != 200:
-                await resp.aread()
-                _check(resp)
-            async for line in resp.aiter_lines():
-                if not line.startswith("data:") or line.strip() == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[5:])
-                if not chunk.get("choices"):
-                    continue
-                choice = chunk["choices"][0]
-                piece = choice.get("delta", {}).get("content") or choice.get("text") or ""
-                if piece:
-                    pieces.append(piece)
-                    on_text(piece)
+        async for chunk in self._http.events(self.base_url + path, body):
+            if not chunk.get("choices"):
+                continue
+            choice = chunk["choices"][0]
+            piece = choice.get("delta", {}).get("content") or choice.get("text") or ""
+            if piece:
+                pieces.append(piece)
+                on_text(piece)
         return GenOutput("".join(pieces), _meta(choice, None))
 
     def _body(self, text: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -105,7 +76,7 @@ class OpenAIBackend(Backend):
                     f"the OpenAI API cannot {what}; use a plait or SGLang server (HttpBackend)"
                 )
         body: dict[str, Any] = {"model": self.model}
-        body.update({OPENAI_NAMES[k]: v for k, v in params.items() if k in OPENAI_NAMES})
+        body.update({OPENAI_STANDARD[k]: v for k, v in params.items() if k in OPENAI_STANDARD})
         if params.get("json_schema") is not None:
             schema = json.loads(params["json_schema"])
             body["response_format"] = {
@@ -173,8 +144,3 @@ def _meta(choice: dict[str, Any], usage: dict[str, Any] | None) -> dict[str, Any
         "logprobs": choice.get("logprobs"),
         "warnings": [],
     }
-
-
-def _check(resp: httpx.Response) -> None:
-    if resp.status_code != 200:
-        raise HttpError(f"HTTP {resp.status_code} from {resp.request.url}: {resp.text}")
