@@ -44,3 +44,14 @@ def forward_logits(runner: ModelRunner, reqs: list[tuple[int, list[int], int]]) 
         req_to_token=table,
     )
     return runner.forward(fb)
+
+
+@torch.no_grad()
+def assert_hf_greedy(model: Any, ids: list[int], generated: list[int]) -> None:
+    """transformers' argmax after every prefix of `generated` is its next token: by induction
+    its greedy decode of `ids` yields exactly `generated` (one forward, not one per token)."""
+    logits = model(torch.tensor([ids + generated])).logits[0]
+    argmax = logits[len(ids) - 1 : -1].argmax(-1).tolist()
+    steps = zip(argmax, generated, strict=True)
+    first = next((i for i, (a, b) in enumerate(steps) if a != b), None)
+    assert first is None, f"diverged at step {first}: {argmax[first]} vs {generated[first]}"

@@ -16,7 +16,7 @@ import torch
 from tokenizers import Tokenizer, pre_tokenizers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
-from helpers import forward_logits
+from helpers import assert_hf_greedy, forward_logits
 from plait.backend.builtin_models import resolve_model_path
 from plait.backend.config import EngineConfig
 from plait.backend.engine import Engine
@@ -99,17 +99,6 @@ def engine() -> Iterator[Engine]:
         yield eng
 
 
-@torch.no_grad()
-def assert_transformers_greedy(model: Any, ids: list[int], generated: list[int]) -> None:
-    """transformers' argmax after every prefix of `generated` is its next token: by induction
-    its greedy decode of `ids` yields exactly `generated` (one forward instead of 64)."""
-    logits = model(torch.tensor([ids + generated])).logits[0]
-    argmax = logits[len(ids) - 1 : -1].argmax(-1).tolist()
-    steps = zip(argmax, generated, strict=True)
-    first = next((i for i, (a, b) in enumerate(steps) if a != b), None)
-    assert first is None, f"diverged at step {first}: {argmax[first]} vs {generated[first]}"
-
-
 def test_greedy_tokens_match_transformers_alone_then_batched(
     engine: Engine, hf_model: Any, prompt_ids: list[list[int]]
 ) -> None:
@@ -117,7 +106,7 @@ def test_greedy_tokens_match_transformers_alone_then_batched(
     alone = [engine.generate(input_ids=ids, sampling_params=params) for ids in prompt_ids]
     for ids, out in zip(prompt_ids, alone, strict=True):
         assert len(out["output_ids"]) == NEW_TOKENS
-        assert_transformers_greedy(hf_model, ids, out["output_ids"])
+        assert_hf_greedy(hf_model, ids, out["output_ids"])
     outs = engine.generate(input_ids=prompt_ids, sampling_params=params)
     assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in alone]
     cached = [o["usage"]["cached_tokens"] for o in outs]
