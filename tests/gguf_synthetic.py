@@ -2,7 +2,8 @@
 
 Types gguf-py can quantize in Python (F32, F16, BF16, Q8_0, Q4_0, Q4_1) go through
 `gguf.quants.quantize`; the K-quants (Q4_K, Q5_K, Q6_K) are random valid blocks with finite
-fp16 scales sized so the values look like initialized weights.
+fp16 scales sized so the values look like initialized weights. The untied model stores its
+token embedding as Q5_0 and its output layer as Q5_1; the tied one's embedding is Q8_0.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ CHATML = (
     "'<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}"
     "{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
-# two layers, so that every type appears at least once among the linear weights
+# two layers, so that with the embedding and output every type appears at least once
 LAYER_TYPES = [
     {
         "attn_q": "Q4_0",
@@ -42,7 +43,7 @@ LAYER_TYPES = [
         "ffn_down": "F32",
     },
 ]
-ALL_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
+ALL_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
 
 
 def byte_alphabet() -> list[str]:
@@ -107,7 +108,6 @@ def write_tiny_gguf(
     tied: bool = False,
     pre: str = "gpt-2",
     seed: int = 0,
-    output_type: str = "Q6_K",
 ) -> Path:
     """A 2-layer random model with the tiny byte-level vocabulary; returns `path`."""
     rng = np.random.default_rng(seed)
@@ -115,8 +115,6 @@ def write_tiny_gguf(
     writer = GGUFWriter(str(path), arch)
     _metadata(writer, arch, tokens, merges, types, pre)
     for name, kind, weights in _tensors(len(tokens), rng, qkv_bias=qkv_bias, tied=tied):
-        if name == "output.weight":
-            kind = output_type
         data, kind = encode(kind, weights, rng)
         if kind in ("F32", "F16"):
             writer.add_tensor(name, data)
@@ -167,7 +165,7 @@ def _tensors(
         return (1.0 + 0.1 * rng.normal(size=HIDDEN)).astype(np.float32)
 
     kv = KV_HEADS * HEAD_DIM
-    yield "token_embd.weight", "Q8_0", normal(vocab, HIDDEN)
+    yield "token_embd.weight", "Q8_0" if tied else "Q5_0", normal(vocab, HIDDEN)
     for i, kinds in enumerate(LAYER_TYPES):
         shapes = {
             "attn_q": (HIDDEN, HIDDEN),
@@ -187,4 +185,4 @@ def _tensors(
                 yield f"blk.{i}.{part}.bias", "F32", 0.1 * rng.normal(size=rows).astype(np.float32)
     yield "output_norm.weight", "F32", norm()
     if not tied:
-        yield "output.weight", "Q6_K", normal(vocab, HIDDEN)
+        yield "output.weight", "Q5_1", normal(vocab, HIDDEN)

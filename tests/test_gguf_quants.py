@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, quants
-from gguf_synthetic import write_tiny_gguf
+from gguf_synthetic import ALL_TYPES, write_tiny_gguf
 
 from plait.backend.gguf.quants import QuantizedTensor, read_tensor, unpack_blocks
 from plait.backend.gguf.weights import hf_row_order
@@ -17,6 +17,8 @@ from plait.backend.gguf.weights import hf_row_order
 LAYOUT = {
     "Q4_0": (torch.uint8, 0, 15, 4, 32, True),
     "Q4_1": (torch.uint8, 0, 15, 4, 32, True),
+    "Q5_0": (torch.int8, 0, 31, 5, 32, True),
+    "Q5_1": (torch.int8, 0, 31, 5, 32, True),
     "Q8_0": (torch.int8, -128, 127, 8, 32, False),
     "Q4_K": (torch.uint8, 0, 15, 4, 32, True),
     "Q5_K": (torch.int8, 0, 31, 5, 32, True),
@@ -26,6 +28,8 @@ LAYOUT = {
 FP16_FIELDS = {
     "Q4_0": [(0, 1)],
     "Q4_1": [(0, 2)],
+    "Q5_0": [(0, 1)],
+    "Q5_1": [(0, 2)],
     "Q8_0": [(0, 1)],
     "Q4_K": [(0, 2)],
     "Q5_K": [(0, 2)],
@@ -57,8 +61,8 @@ def test_unpacking_matches_gguf_dequantize(kind: str) -> None:
     raw = random_raw(kind, rows=6, cols=512)
     q = unpack_blocks(kind, raw, 512)
     ref = quants.dequantize(raw, GGMLQuantizationType[kind])
-    # Q4_0's min is -8d: d*8 + (-8d) is +0 where ggml's d*(8-8) keeps the sign of d
-    same_floats(q.dequantize().numpy(), ref, signed_zero=kind != "Q4_0")
+    # Q4_0's min is -8d: d*8 + (-8d) is +0 where ggml's d*(8-8) keeps the sign of d (Q5_0 alike)
+    same_floats(q.dequantize().numpy(), ref, signed_zero=kind not in ("Q4_0", "Q5_0"))
 
 
 @pytest.mark.parametrize("kind", sorted(LAYOUT))
@@ -89,7 +93,7 @@ def test_every_tensor_of_a_written_file_reads_like_gguf_py(tmp_path: Path) -> No
         expected_shape = tuple(int(s) for s in reversed(tensor.shape))
         assert tuple(dense.shape) == expected_shape, tensor.name
         same_floats(dense.numpy(), ref.reshape(expected_shape), signed_zero=False)
-    assert kinds == {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"}
+    assert kinds == set(ALL_TYPES)
 
 
 def test_unsupported_type_is_named() -> None:

@@ -10,6 +10,8 @@ so every product and sum below is the same float32 arithmetic ggml's reference d
 |---|---|---|---|---|---|
 | Q4_0 | uint8 q, 0..15 | 4 | 32 | d | -8 d |
 | Q4_1 | uint8 q, 0..15 | 4 | 32 | d | m |
+| Q5_0 | int8 q, 0..31 | 5 | 32 | d | -16 d |
+| Q5_1 | int8 q, 0..31 | 5 | 32 | d | m |
 | Q8_0 | int8 q | 8 | 32 | d | None |
 | Q4_K | uint8 q, 0..15 | 4 | 32 | d * sc | -dmin * m |
 | Q5_K | int8 q, 0..31 | 5 | 32 | d * sc | -dmin * m |
@@ -27,7 +29,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, ReaderTensor
 
 QK_K = 256  # values in one K-quant super-block
 FLOAT_KINDS = ("F32", "F16", "BF16")
-QUANT_KINDS = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
+QUANT_KINDS = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
 SUPPORTED_TENSOR_TYPES = FLOAT_KINDS + QUANT_KINDS
 
 
@@ -35,7 +37,7 @@ SUPPORTED_TENSOR_TYPES = FLOAT_KINDS + QUANT_KINDS
 class QuantizedTensor:
     """A quantized [N, K] matrix: value[n, k] = scales[n, k // group] * codes[n, k] + mins[...].
 
-    `codes` is uint8 for the 4-bit kinds (0..15) and int8 otherwise (Q5_K: 0..31, Q6_K:
+    `codes` is uint8 for the 4-bit kinds (0..15) and int8 otherwise (Q5_*: 0..31, Q6_K:
     -32..31, Q8_0: -128..127); `scales` and `mins` are float32 [N, K // group]; `mins` is
     None for the symmetric kinds (Q8_0, Q6_K).
     """
@@ -155,6 +157,29 @@ def _unpack_q4_1(raw: np.ndarray) -> QuantizedTensor:
     return _result(codes, d, m, rows, bits=4, group=32)
 
 
+def _five_bit(qh: np.ndarray, qs: np.ndarray) -> np.ndarray:
+    """Q5_0/Q5_1 codes: low nibbles as in Q4_0, bit j of the little-endian uint32 `qh` is
+    the fifth bit of value j."""
+    bits = np.ascontiguousarray(qh).view("<u4")  # [blocks, 1]
+    high = ((bits >> np.arange(32, dtype=np.uint32)) & np.uint32(1)).astype(np.uint8)
+    low, top = _nibbles(qs)
+    return (np.concatenate([low, top], axis=1) | (high << np.uint8(4))).view(np.int8)
+
+
+def _unpack_q5_0(raw: np.ndarray) -> QuantizedTensor:
+    blocks, rows = _blocks(raw, "Q5_0")
+    d = _f16(blocks[:, 0:2])
+    codes = _five_bit(blocks[:, 2:6], blocks[:, 6:22])
+    return _result(codes, d, -16 * d, rows, bits=5, group=32)
+
+
+def _unpack_q5_1(raw: np.ndarray) -> QuantizedTensor:
+    blocks, rows = _blocks(raw, "Q5_1")
+    d, m = _f16(blocks[:, 0:2]), _f16(blocks[:, 2:4])
+    codes = _five_bit(blocks[:, 4:8], blocks[:, 8:24])
+    return _result(codes, d, m, rows, bits=5, group=32)
+
+
 def _unpack_q8_0(raw: np.ndarray) -> QuantizedTensor:
     blocks, rows = _blocks(raw, "Q8_0")
     d = _f16(blocks[:, 0:2])
@@ -223,6 +248,8 @@ _Unpacker = Callable[[np.ndarray], QuantizedTensor]
 _UNPACKERS: dict[str, _Unpacker] = {
     "Q4_0": _unpack_q4_0,
     "Q4_1": _unpack_q4_1,
+    "Q5_0": _unpack_q5_0,
+    "Q5_1": _unpack_q5_1,
     "Q8_0": _unpack_q8_0,
     "Q4_K": _unpack_q4_k,
     "Q5_K": _unpack_q5_k,

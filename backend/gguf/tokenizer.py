@@ -117,7 +117,10 @@ def _bpe(tokens: list[str], merges: list[str], spec: PreTokenizerSpec) -> models
     vocab: dict[str, int] = {}
     for i, token in enumerate(tokens):
         vocab.setdefault(token, i)  # a duplicate spelling keeps its first id
-    pairs = [tuple(m.split(" ", 1)) for m in merges]
+    pairs: list[tuple[str, str]] = []
+    for merge in merges:
+        left, _, right = merge.partition(" ")
+        pairs.append((left, right))
     return models.BPE(vocab=vocab, merges=pairs, ignore_merges=spec.ignore_merges)
 
 
