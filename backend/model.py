@@ -155,3 +155,15 @@ class LlamaForCausalLM(nn.Module):
             h, residual = layer(h, residual, batch, pool, cos_sin)
         h, _ = self.norm(h, residual)
         return self.lm_head(h[batch.logit_indices]).float()
+
+
+def empty_model(cfg: ModelConfig, *, dtype: torch.dtype, device: torch.device) -> LlamaForCausalLM:
+    """The model with uninitialized weights on `device` (no random init: a loader fills
+    every parameter); tied embeddings shared, the RoPE table computed."""
+    with torch.device("meta"):
+        skeleton = LlamaForCausalLM(cfg)
+    model = skeleton.to_empty(device=device).to(dtype)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    model.cos_sin = cfg.cos_sin_cache().to(device=device, dtype=torch.float32)
+    return model

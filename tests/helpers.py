@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from plait.backend.engine import Engine
+from plait.backend.forward_batch import ForwardBatch
+from plait.backend.model_runner import ModelRunner
 
 TEST_KV_TOKENS = 16384
 
@@ -18,3 +22,36 @@ def tiny_engine(**config: Any) -> Engine:
 
 def greedy(max_new_tokens: int, **extra: Any) -> dict[str, Any]:
     return {"max_new_tokens": max_new_tokens, "temperature": 0.0, **extra}
+
+
+def forward_logits(runner: ModelRunner, reqs: list[tuple[int, list[int], int]]) -> torch.Tensor:
+    """One forward: (row, token ids, prefix length) per request; logits of every token."""
+    kv, table = runner.kv_pool, runner.req_pool.table
+    ids: list[int] = []
+    slots = []
+    for row, toks, prefix in reqs:
+        s = kv.allocate_pages(len(toks))
+        table[row, prefix : prefix + len(toks)] = s.to(torch.int32)
+        ids.extend(toks)
+        slots.append(s)
+    fb = ForwardBatch.build(
+        input_ids=ids,
+        out_slots=torch.cat(slots),
+        req_rows=[r for r, _, _ in reqs],
+        prefix_lens=[p for _, _, p in reqs],
+        extend_lens=[len(t) for _, t, _ in reqs],
+        logit_indices=list(range(len(ids))),
+        req_to_token=table,
+    )
+    return runner.forward(fb)
+
+
+@torch.no_grad()
+def assert_hf_greedy(model: Any, ids: list[int], generated: list[int]) -> None:
+    """transformers' argmax after every prefix of `generated` is its next token: by induction
+    its greedy decode of `ids` yields exactly `generated` (one forward, not one per token)."""
+    logits = model(torch.tensor([ids + generated])).logits[0]
+    argmax = logits[len(ids) - 1 : -1].argmax(-1).tolist()
+    steps = zip(argmax, generated, strict=True)
+    first = next((i for i, (a, b) in enumerate(steps) if a != b), None)
+    assert first is None, f"diverged at step {first}: {argmax[first]} vs {generated[first]}"

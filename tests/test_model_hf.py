@@ -8,8 +8,8 @@ import pytest
 import torch
 import transformers
 
+from helpers import forward_logits as run
 from plait.backend.config import EngineConfig
-from plait.backend.forward_batch import ForwardBatch
 from plait.backend.model_runner import ModelRunner
 
 SMALL = dict(
@@ -57,28 +57,6 @@ def build_hf(tmp: Path, arch: str, shard: bool) -> transformers.PreTrainedModel:
                 p.add_(torch.randn_like(p) * 0.1)
     model.save_pretrained(tmp, max_shard_size="40KB" if shard else "50GB")
     return model.eval()
-
-
-def run(runner: ModelRunner, reqs: list[tuple[int, list[int], int]]) -> torch.Tensor:
-    """One forward: (row, token ids, prefix length) per request; logits of every token."""
-    kv, table = runner.kv_pool, runner.req_pool.table
-    ids: list[int] = []
-    slots = []
-    for row, toks, prefix in reqs:
-        s = kv.allocate_pages(len(toks))
-        table[row, prefix : prefix + len(toks)] = s.to(torch.int32)
-        ids.extend(toks)
-        slots.append(s)
-    fb = ForwardBatch.build(
-        input_ids=ids,
-        out_slots=torch.cat(slots),
-        req_rows=[r for r, _, _ in reqs],
-        prefix_lens=[p for _, _, p in reqs],
-        extend_lens=[len(t) for _, t, _ in reqs],
-        logit_indices=list(range(len(ids))),
-        req_to_token=table,
-    )
-    return runner.forward(fb)
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))

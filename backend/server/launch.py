@@ -30,7 +30,10 @@ from plait.backend.server.app import ServerSettings, create_app
 
 ALIASES = {"max_running_requests": "--max-running", "chunked_prefill_size": "--chunked-prefill"}
 HELP = {
-    "model": "a builtin name (plait-tiny, plait-small) or a local Hugging Face model directory",
+    "model": (
+        "a builtin name (plait-tiny, plait-small, smollm2-135m), a local Hugging Face model "
+        "directory, or a .gguf file"
+    ),
     "kv_tokens": "KV-cache pool size in tokens (default: sized from free memory)",
     "max_running_requests": "most requests decoded together",
     "chunked_prefill_size": "prompt tokens per prefill chunk (0: no chunking)",

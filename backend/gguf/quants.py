@@ -1,0 +1,258 @@
+"""GGUF tensor payloads: plain floats, or quantized blocks unpacked into a logical form.
+
+Every quantized kind is unpacked into `QuantizedTensor` (codes, per-group scales and mins)
+with value = scales * codes + mins along each row, `group` values per scale. This is the
+form later kernels consume; `dequantize()` turns it into a dense matrix. Block layouts
+follow ggml (llama.cpp's `ggml-common.h`); fp16 block scales become exact float32 values,
+so every product and sum below is the same float32 arithmetic ggml's reference does.
+
+| kind | codes | bits | group | scales | mins |
+|---|---|---|---|---|---|
+| Q4_0 | uint8 q, 0..15 | 4 | 32 | d | -8 d |
+| Q4_1 | uint8 q, 0..15 | 4 | 32 | d | m |
+| Q5_0 | int8 q, 0..31 | 5 | 32 | d | -16 d |
+| Q5_1 | int8 q, 0..31 | 5 | 32 | d | m |
+| Q8_0 | int8 q | 8 | 32 | d | None |
+| Q4_K | uint8 q, 0..15 | 4 | 32 | d * sc | -dmin * m |
+| Q5_K | int8 q, 0..31 | 5 | 32 | d * sc | -dmin * m |
+| Q6_K | int8 q - 32, -32..31 | 6 | 16 | d * sc | None |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, ReaderTensor
+
+QK_K = 256  # values in one K-quant super-block
+FLOAT_KINDS = ("F32", "F16", "BF16")
+QUANT_KINDS = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+SUPPORTED_TENSOR_TYPES = FLOAT_KINDS + QUANT_KINDS
+
+
+@dataclass(frozen=True)
+class QuantizedTensor:
+    """A quantized [N, K] matrix: value[n, k] = scales[n, k // group] * codes[n, k] + mins[...].
+
+    `codes` is uint8 for the 4-bit kinds (0..15) and int8 otherwise (Q5_*: 0..31, Q6_K:
+    -32..31, Q8_0: -128..127); `scales` and `mins` are float32 [N, K // group]; `mins` is
+    None for the symmetric kinds (Q8_0, Q6_K).
+    """
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+    mins: torch.Tensor | None
+    bits: int
+    group: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        rows, cols = self.codes.shape
+        return rows, cols
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The dense [N, K] matrix (computed in float32, then cast to `dtype`)."""
+        rows, cols = self.shape
+        codes = self.codes.reshape(rows, cols // self.group, self.group).to(torch.float32)
+        out = codes * self.scales.unsqueeze(-1)
+        if self.mins is not None:
+            out = out + self.mins.unsqueeze(-1)
+        return out.reshape(rows, cols).to(dtype)
+
+    def take_rows(self, index: torch.Tensor) -> QuantizedTensor:
+        """The same tensor with its rows reordered (or selected) by `index`."""
+        mins = None if self.mins is None else self.mins[index]
+        return QuantizedTensor(
+            codes=self.codes[index],
+            scales=self.scales[index],
+            mins=mins,
+            bits=self.bits,
+            group=self.group,
+        )
+
+
+def read_tensor(tensor: ReaderTensor) -> torch.Tensor | QuantizedTensor:
+    """A GGUF tensor as a float tensor (plain kinds, logical shape) or a QuantizedTensor."""
+    kind = tensor.tensor_type.name
+    data = np.asarray(tensor.data)
+    if kind in FLOAT_KINDS:
+        return _read_float(kind, data, tensor)
+    unpack = _UNPACKERS.get(kind)
+    if unpack is None:
+        raise NotImplementedError(
+            f"GGUF tensor {tensor.name!r} has type {kind}; plait loads {SUPPORTED_TENSOR_TYPES}"
+        )
+    raw = data.reshape(-1, data.shape[-1]) if data.ndim > 1 else data.reshape(1, -1)
+    return unpack_blocks(kind, raw, int(tensor.shape[0]))
+
+
+def unpack_blocks(kind: str, raw: np.ndarray, cols: int) -> QuantizedTensor:
+    """Unpack raw uint8 rows [N, bytes per row] of quantization `kind` with `cols` values each."""
+    if kind not in _UNPACKERS:
+        raise NotImplementedError(f"tensor type {kind}; plait unpacks {QUANT_KINDS}")
+    out = _UNPACKERS[kind](np.ascontiguousarray(raw, dtype=np.uint8))
+    if out.shape[1] != cols:
+        raise ValueError(f"{kind} rows hold {out.shape[1]} values, expected {cols}")
+    return out
+
+
+def _read_float(kind: str, data: np.ndarray, tensor: ReaderTensor) -> torch.Tensor:
+    shape = tuple(int(s) for s in reversed(tensor.shape))
+    if kind == "BF16":
+        bits = data.view(np.uint16).astype(np.uint32) << 16
+        return torch.from_numpy(bits.view(np.float32).reshape(shape))
+    return torch.from_numpy(np.array(data, dtype=np.float32).reshape(shape))
+
+
+def _blocks(raw: np.ndarray, kind: str) -> tuple[np.ndarray, int]:
+    """Split rows into blocks [N * blocks per row, type size]; returns (blocks, N)."""
+    block_bytes = _TYPE_SIZES[kind]
+    return raw.reshape(-1, block_bytes), raw.shape[0]
+
+
+def _f16(b: np.ndarray) -> np.ndarray:
+    """Little-endian fp16 bytes [..., 2] to float32 [...]."""
+    return np.ascontiguousarray(b).view(np.float16)[..., 0].astype(np.float32)
+
+
+def _nibbles(qs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return qs & np.uint8(0x0F), qs >> np.uint8(4)
+
+
+def _result(
+    codes: np.ndarray,
+    scales: np.ndarray,
+    mins: np.ndarray | None,
+    rows: int,
+    bits: int,
+    group: int,
+) -> QuantizedTensor:
+    return QuantizedTensor(
+        codes=torch.from_numpy(np.ascontiguousarray(codes.reshape(rows, -1))),
+        scales=torch.from_numpy(np.ascontiguousarray(scales.reshape(rows, -1), np.float32)),
+        mins=None
+        if mins is None
+        else torch.from_numpy(np.ascontiguousarray(mins.reshape(rows, -1), np.float32)),
+        bits=bits,
+        group=group,
+    )
+
+
+def _unpack_q4_0(raw: np.ndarray) -> QuantizedTensor:
+    blocks, rows = _blocks(raw, "Q4_0")
+    d = _f16(blocks[:, 0:2])
+    low, high = _nibbles(blocks[:, 2:18])  # value j: low nibble of byte j, j + 16: high
+    codes = np.concatenate([low, high], axis=1)
+    return _result(codes, d, -8 * d, rows, bits=4, group=32)
+
+
+def _unpack_q4_1(raw: np.ndarray) -> QuantizedTensor:
+    blocks, rows = _blocks(raw, "Q4_1")
+    d, m = _f16(blocks[:, 0:2]), _f16(blocks[:, 2:4])
+    low, high = _nibbles(blocks[:, 4:20])
+    codes = np.concatenate([low, high], axis=1)
+    return _result(codes, d, m, rows, bits=4, group=32)
+
+
+def _five_bit(qh: np.ndarray, qs: np.ndarray) -> np.ndarray:
+    """Q5_0/Q5_1 codes: low nibbles as in Q4_0, bit j of the little-endian uint32 `qh` is
+    the fifth bit of value j."""
+    bits = np.ascontiguousarray(qh).view("<u4")  # [blocks, 1]
+    high = ((bits >> np.arange(32, dtype=np.uint32)) & np.uint32(1)).astype(np.uint8)
+    low, top = _nibbles(qs)
+    return (np.concatenate([low, top], axis=1) | (high << np.uint8(4))).view(np.int8)
+
+
+def _unpack_q5_0(raw: np.ndarray) -> QuantizedTensor:
+    blocks, rows = _blocks(raw, "Q5_0")
+    d = _f16(blocks[:, 0:2])
+    codes = _five_bit(blocks[:, 2:6], blocks[:, 6:22])
+    return _result(codes, d, -16 * d, rows, bits=5, group=32)
+
+
+def _unpack_q5_1(raw: np.ndarray) -> QuantizedTensor:
+    blocks, rows = _blocks(raw, "Q5_1")
+    d, m = _f16(blocks[:, 0:2]), _f16(blocks[:, 2:4])
+    codes = _five_bit(blocks[:, 4:8], blocks[:, 8:24])
+    return _result(codes, d, m, rows, bits=5, group=32)
+
+
+def _unpack_q8_0(raw: np.ndarray) -> QuantizedTensor:
+    blocks, rows = _blocks(raw, "Q8_0")
+    d = _f16(blocks[:, 0:2])
+    codes = np.ascontiguousarray(blocks[:, 2:34]).view(np.int8)
+    return _result(codes, d, None, rows, bits=8, group=32)
+
+
+def _k_scale_min(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The eight 6-bit (scale, min) pairs of a Q4_K/Q5_K super-block from its 12 bytes.
+
+    Bytes 0-3 hold scales 0-3 (low 6 bits), bytes 4-7 mins 0-3; for sub-blocks 4-7 the low
+    4 bits come from bytes 8-11 (scale: low nibble, min: high nibble) and the top 2 bits
+    from the top bits of bytes 0-3 (scale) and 4-7 (min).
+    """
+    lo_sc, lo_m, extra = packed[:, 0:4], packed[:, 4:8], packed[:, 8:12]
+    hi_sc = (extra & np.uint8(0x0F)) | ((lo_sc >> np.uint8(6)) << np.uint8(4))
+    hi_m = (extra >> np.uint8(4)) | ((lo_m >> np.uint8(6)) << np.uint8(4))
+    scale = np.concatenate([lo_sc & np.uint8(0x3F), hi_sc], axis=1)
+    mins = np.concatenate([lo_m & np.uint8(0x3F), hi_m], axis=1)
+    return scale.astype(np.float32), mins.astype(np.float32)
+
+
+def _k_low_nibbles(qs: np.ndarray) -> np.ndarray:
+    """128 bytes -> 256 4-bit values: byte chunk i (32 bytes) holds sub-blocks 2i (low
+    nibbles) and 2i + 1 (high nibbles)."""
+    chunks = qs.reshape(-1, 4, 1, 32)
+    low, high = _nibbles(chunks)
+    return np.concatenate([low, high], axis=2).reshape(-1, QK_K)
+
+
+def _unpack_q4_k(raw: np.ndarray) -> QuantizedTensor:
+    blocks, rows = _blocks(raw, "Q4_K")
+    d, dmin = _f16(blocks[:, 0:2]), _f16(blocks[:, 2:4])
+    sc, m = _k_scale_min(blocks[:, 4:16])
+    codes = _k_low_nibbles(blocks[:, 16:144])
+    return _result(codes, d[:, None] * sc, -(dmin[:, None] * m), rows, bits=4, group=32)
+
+
+def _unpack_q5_k(raw: np.ndarray) -> QuantizedTensor:
+    blocks, rows = _blocks(raw, "Q5_K")
+    d, dmin = _f16(blocks[:, 0:2]), _f16(blocks[:, 2:4])
+    sc, m = _k_scale_min(blocks[:, 4:16])
+    qh = blocks[:, 16:48]  # bit s of byte l: the fifth bit of value l of sub-block s
+    shifts = np.arange(8, dtype=np.uint8).reshape(1, 8, 1)
+    high = ((qh[:, None, :] >> shifts) & np.uint8(1)).reshape(-1, QK_K)
+    codes = (_k_low_nibbles(blocks[:, 48:176]) | (high << np.uint8(4))).view(np.int8)
+    return _result(codes, d[:, None] * sc, -(dmin[:, None] * m), rows, bits=5, group=32)
+
+
+def _unpack_q6_k(raw: np.ndarray) -> QuantizedTensor:
+    """Per half (128 values): 64 bytes of low nibbles (values 0-63 low, 64-127 high) and
+    32 bytes of 2-bit highs (bits 2k..2k+1 of byte l: value 32k + l)."""
+    blocks, rows = _blocks(raw, "Q6_K")
+    ql = blocks[:, 0:128].reshape(-1, 2, 1, 64)
+    low = np.concatenate(_nibbles(ql), axis=2).reshape(-1, 2, 128)
+    qh = blocks[:, 128:192].reshape(-1, 2, 1, 32)
+    shifts = np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
+    high = ((qh >> shifts) & np.uint8(3)).reshape(-1, 2, 128)
+    codes = ((low | (high << np.uint8(4))).astype(np.int16) - 32).astype(np.int8)
+    sc = np.ascontiguousarray(blocks[:, 192:208]).view(np.int8).astype(np.float32)
+    d = _f16(blocks[:, 208:210])
+    return _result(codes, d[:, None] * sc, None, rows, bits=6, group=16)
+
+
+_Unpacker = Callable[[np.ndarray], QuantizedTensor]
+_UNPACKERS: dict[str, _Unpacker] = {
+    "Q4_0": _unpack_q4_0,
+    "Q4_1": _unpack_q4_1,
+    "Q5_0": _unpack_q5_0,
+    "Q5_1": _unpack_q5_1,
+    "Q8_0": _unpack_q8_0,
+    "Q4_K": _unpack_q4_k,
+    "Q5_K": _unpack_q5_k,
+    "Q6_K": _unpack_q6_k,
+}
+_TYPE_SIZES = {kind: GGML_QUANT_SIZES[GGMLQuantizationType[kind]][1] for kind in QUANT_KINDS}

@@ -1,0 +1,111 @@
+"""GGUF tensor unpacking: the logical codes/scales/mins form against gguf-py's dequantize."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, quants
+from gguf_synthetic import ALL_TYPES, write_tiny_gguf
+
+from plait.backend.gguf.quants import QuantizedTensor, read_tensor, unpack_blocks
+from plait.backend.gguf.weights import hf_row_order
+
+# kind -> (codes dtype, lowest code, highest code, bits, group, has mins)
+LAYOUT = {
+    "Q4_0": (torch.uint8, 0, 15, 4, 32, True),
+    "Q4_1": (torch.uint8, 0, 15, 4, 32, True),
+    "Q5_0": (torch.int8, 0, 31, 5, 32, True),
+    "Q5_1": (torch.int8, 0, 31, 5, 32, True),
+    "Q8_0": (torch.int8, -128, 127, 8, 32, False),
+    "Q4_K": (torch.uint8, 0, 15, 4, 32, True),
+    "Q5_K": (torch.int8, 0, 31, 5, 32, True),
+    "Q6_K": (torch.int8, -32, 31, 6, 16, False),
+}
+# where each kind keeps its fp16 scales in a block: (byte offset, count)
+FP16_FIELDS = {
+    "Q4_0": [(0, 1)],
+    "Q4_1": [(0, 2)],
+    "Q5_0": [(0, 1)],
+    "Q5_1": [(0, 2)],
+    "Q8_0": [(0, 1)],
+    "Q4_K": [(0, 2)],
+    "Q5_K": [(0, 2)],
+    "Q6_K": [(208, 1)],
+}
+
+
+def random_raw(kind: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    """Random blocks of `kind`; fp16 scales finite (random bytes could be inf or NaN)."""
+    rng = np.random.default_rng(seed)
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType[kind]]
+    raw = rng.integers(0, 256, size=(rows * cols // block, size), dtype=np.uint8)
+    for offset, count in FP16_FIELDS[kind]:
+        vals = rng.normal(0.0, 0.05, size=(raw.shape[0], count)).astype(np.float16)
+        raw[:, offset : offset + 2 * count] = vals.view(np.uint8)
+    return raw.reshape(rows, -1)
+
+
+def same_floats(ours: np.ndarray, ref: np.ndarray, *, signed_zero: bool) -> None:
+    """Bit-exact float32; with signed_zero=False, +0 and -0 count as equal."""
+    if signed_zero:
+        np.testing.assert_array_equal(ours.view(np.uint32), ref.view(np.uint32))
+    else:
+        np.testing.assert_array_equal(ours, ref)
+
+
+@pytest.mark.parametrize("kind", sorted(LAYOUT))
+def test_unpacking_matches_gguf_dequantize(kind: str) -> None:
+    raw = random_raw(kind, rows=6, cols=512)
+    q = unpack_blocks(kind, raw, 512)
+    ref = quants.dequantize(raw, GGMLQuantizationType[kind])
+    # Q4_0's min is -8d: d*8 + (-8d) is +0 where ggml's d*(8-8) keeps the sign of d (Q5_0 alike)
+    same_floats(q.dequantize().numpy(), ref, signed_zero=kind not in ("Q4_0", "Q5_0"))
+
+
+@pytest.mark.parametrize("kind", sorted(LAYOUT))
+def test_logical_layout(kind: str) -> None:
+    dtype, low, high, bits, group, has_mins = LAYOUT[kind]
+    q = unpack_blocks(kind, random_raw(kind, rows=4, cols=1024, seed=1), 1024)
+    assert q.codes.dtype == dtype and q.codes.shape == (4, 1024)
+    assert int(q.codes.min()) == low and int(q.codes.max()) == high
+    assert (q.bits, q.group) == (bits, group)
+    assert q.scales.dtype == torch.float32 and q.scales.shape == (4, 1024 // group)
+    assert (q.mins is not None) == has_mins
+    if q.mins is not None:
+        assert q.mins.dtype == torch.float32 and q.mins.shape == q.scales.shape
+    dense = q.dequantize()
+    assert q.dequantize(torch.bfloat16).dtype == torch.bfloat16
+    order = torch.tensor([3, 0, 2, 1])
+    assert torch.equal(q.take_rows(order).dequantize(), dense[order])
+
+
+def test_every_tensor_of_a_written_file_reads_like_gguf_py(tmp_path: Path) -> None:
+    reader = GGUFReader(write_tiny_gguf(tmp_path / "tiny.gguf"))
+    kinds = set()
+    for tensor in reader.tensors:
+        kinds.add(tensor.tensor_type.name)
+        value = read_tensor(tensor)
+        dense = value.dequantize() if isinstance(value, QuantizedTensor) else value
+        ref = quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
+        expected_shape = tuple(int(s) for s in reversed(tensor.shape))
+        assert tuple(dense.shape) == expected_shape, tensor.name
+        same_floats(dense.numpy(), ref.reshape(expected_shape), signed_zero=False)
+    assert kinds == set(ALL_TYPES)
+
+
+def test_unsupported_type_is_named() -> None:
+    raw = np.zeros((1, GGML_QUANT_SIZES[GGMLQuantizationType.Q2_K][1]), dtype=np.uint8)
+    with pytest.raises(NotImplementedError, match=r"Q2_K.*Q4_K"):
+        unpack_blocks("Q2_K", raw, 256)
+
+
+@pytest.mark.parametrize("heads", [1, 3, 9])
+def test_hf_row_order_undoes_llama_cpp_permutation(heads: int) -> None:
+    head_dim = 8
+    hf = torch.arange(heads * head_dim * 5, dtype=torch.float32).reshape(heads * head_dim, 5)
+    # llama.cpp's converter: per head, rows [2, head_dim / 2] stored as [head_dim / 2, 2]
+    stored = hf.reshape(heads, 2, head_dim // 2, 5).transpose(1, 2).reshape(hf.shape)
+    assert torch.equal(stored[hf_row_order(hf.shape[0], heads)], hf)
