@@ -1,40 +1,24 @@
 """The C quantized-matmul kernel (``csrc/quant_matmul_cpu.c``) through ctypes: which inputs it
-takes, the ISA it runs, and the split of the weight's row blocks over threads."""
+takes, the ISA it runs, and its thread pool (``csrc/thread_pool.c``)."""
 
 from __future__ import annotations
 
 import ctypes
 import functools
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
 
 from ._native import load_native
-from .quant_weight import BLOCK_ROWS, QuantWeight
+from .quant_weight import QuantWeight
 
 ISAS = ("generic", "avx2", "avx512", "avx512_vnni")
-# A call stays on one thread below this many row blocks x K x rows of x (about 100 us of work
-# on one core): waking a pool thread costs 10-40 us, more than a small product takes.
-SPLIT_MIN_WORK = 1 << 18
+last_parts = 0  # threads the last native call was split over (tests, diagnostics)
 
-_i64, _ptr = ctypes.c_int64, ctypes.c_void_p
-_ARGTYPES: list[Any] = [
-    ctypes.c_int,
-    _ptr,
-    _i64,
-    _i64,
-    _i64,
-    _ptr,
-    _ptr,
-    _ptr,
-    ctypes.c_int,
-    ctypes.c_int,
-]
-_ARGTYPES += [_i64, _i64, _i64, _i64, _ptr, _ptr, _i64]
-
-
+_i64, _ptr, _int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+# isa, threads, pool, x, ldx, m, k, codes, scales, mins, half, bits, group, n, bias, out, ldo
+_ARGTYPES: list[Any] = [_int, _int, _ptr, _ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr, _int, _int]
+_ARGTYPES += [_i64, _i64, _ptr, _ptr, _i64]
 _typed: list[ctypes.CDLL] = []  # the library whose argument types are set
 
 
@@ -47,6 +31,19 @@ def _library() -> ctypes.CDLL | None:
         lib.plait_qmm_isa.restype = ctypes.c_int
         _typed.append(lib)
     return lib
+
+
+@functools.cache
+def _best_isa() -> int:
+    lib = _library()
+    return 0 if lib is None else int(lib.plait_qmm_isa())
+
+
+@functools.cache
+def pool_function() -> int | None:
+    """Address of ``plait_pool_run`` (``csrc/thread_pool.c``), or None (then one thread)."""
+    lib = load_native("thread_pool")
+    return None if lib is None else ctypes.cast(lib.plait_pool_run, ctypes.c_void_p).value
 
 
 def native_isa() -> str | None:
@@ -64,9 +61,9 @@ def native_quant_linear(
 ) -> torch.Tensor | None:
     """fp32 ``x [M, K] @ W^T (+ bias)`` -> [M, N] from the C kernel, or None when it cannot
     run (no compiler, tensors off the CPU). Row blocks of W are split over ``threads`` threads
-    (default: torch's intra-op thread count) when the work is large enough; every output is
-    computed the same way on any thread, so the split does not change a bit. ``isa`` picks a
-    lower instruction set than the best (tests)."""
+    (default: torch's intra-op thread count) of the C pool when the work is large enough;
+    every output is computed the same way on any thread, so the split does not change a bit.
+    ``isa`` picks a lower instruction set than the best (tests)."""
     lib = _library()
     if lib is None or not x.is_cpu or not w.codes.is_cpu:
         return None
@@ -79,47 +76,23 @@ def native_quant_linear(
         return out
     if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
         bias = bias.to(torch.float32).contiguous()
-    bias_ptr = None if bias is None else bias.data_ptr()
-    head = (level, x.data_ptr(), x.stride(0), m, w.k, *w.kernel_args)
-    tail = (bias_ptr, out.data_ptr(), w.n)
-    fn = lib.plait_qmm_f32
-    blocks = (w.n + BLOCK_ROWS - 1) // BLOCK_ROWS
-    parts = threads or torch.get_num_threads()
-    if parts == 1 or blocks * w.k * m < SPLIT_MIN_WORK:
-        status = fn(*head, 0, blocks, *tail)
-    else:
-        statuses = _run_split(lambda lo, hi: int(fn(*head, lo, hi, *tail)), blocks, parts)
-        status = min(statuses)
+    status = lib.plait_qmm_f32(
+        level,
+        threads or torch.get_num_threads(),
+        pool_function(),
+        x.data_ptr(),
+        x.stride(0),
+        m,
+        w.k,
+        *w.kernel_args,
+        None if bias is None else bias.data_ptr(),
+        out.data_ptr(),
+        w.n,
+    )
     if status == -1:
         raise MemoryError("quant_linear: cannot allocate the quantized activations")
-    if status:
+    if status < 0:
         raise ValueError(f"quant_linear: the kernel rejected group={w.group} bits={w.bits}")
+    global last_parts
+    last_parts = status
     return out
-
-
-@functools.cache
-def _best_isa() -> int:
-    lib = _library()
-    return 0 if lib is None else int(lib.plait_qmm_isa())
-
-
-def _run_split(run: Callable[[int, int], int], blocks: int, threads: int) -> list[int]:
-    """``run(lo, hi)`` over about equal ranges of row blocks, one per thread (the kernel
-    releases the GIL); the caller's thread takes the first range."""
-    parts = max(1, min(threads, blocks))
-    if parts == 1:
-        return [int(run(0, blocks))]
-    cuts = [blocks * i // parts for i in range(parts + 1)]
-    futures = [
-        _executor(parts).submit(run, lo, hi) for lo, hi in zip(cuts[1:-1], cuts[2:], strict=True)
-    ]
-    return [int(run(cuts[0], cuts[1])), *(int(f.result()) for f in futures)]
-
-
-@functools.cache
-def _executor(parts: int) -> ThreadPoolExecutor:
-    """Worker threads for the ranges after the first (the caller runs that one)."""
-    return ThreadPoolExecutor(max_workers=parts - 1, thread_name_prefix="plait-qmm")
-
-
-__all__ = ["BLOCK_ROWS", "ISAS", "native_isa", "native_quant_linear"]

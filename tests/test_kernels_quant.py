@@ -11,6 +11,11 @@ by 2^-18 * sum_k |x_k| (|s q| + |m|). Every check below holds each output to tha
 from __future__ import annotations
 
 import importlib
+import multiprocessing
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -153,14 +158,46 @@ def test_native_groups_odd_n(group: int, bits: int) -> None:
 @pytest.mark.skipif(not ISAS, reason="no C compiler")
 @pytest.mark.parametrize("threads", [2, 3, 64])
 @pytest.mark.parametrize("m", [1, 13])
-def test_native_threads_bit_exact(threads: int, m: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Row blocks split over threads compute each output exactly as one thread does."""
-    monkeypatch.setattr(qn, "SPLIT_MIN_WORK", 0)
-    w = QuantWeight.pack(**_kw(logical("q4_1", 16 * 5 + 3, 192)))
-    x = torch.randn(m, 192)
+def test_native_threads_bit_exact(threads: int, m: int) -> None:
+    """Row blocks split over the C pool's threads compute each output exactly as one thread
+    does (a part is a range of whole blocks)."""
+    w = QuantWeight.pack(**_kw(logical("q4_1", 16 * 64 + 3, 512)))
+    x = torch.randn(m, 512)
     one = qn.native_quant_linear(x, w, threads=1)
+    assert qn.last_parts == 1
     many = qn.native_quant_linear(x, w, threads=threads)
+    assert qn.last_parts == min(threads, 65 * 512 * m // 8192)
     assert one is not None and many is not None and torch.equal(one, many)
+
+
+@pytest.mark.skipif(not ISAS, reason="no C compiler")
+def test_native_concurrent_callers() -> None:
+    """Python threads calling at once: one gets the pool, the others run on their own thread."""
+    w = QuantWeight.pack(**_kw(logical("q8_0", 16 * 64, 512)))
+    xs = [torch.randn(4, 512) for _ in range(6)]
+    want = [qn.native_quant_linear(x, w, threads=1) for x in xs]
+    with ThreadPoolExecutor(3) as ex:
+        for _ in range(5):
+            got = list(ex.map(lambda x: qn.native_quant_linear(x, w, threads=2), xs))
+            assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+@pytest.mark.skipif(not ISAS or sys.platform != "linux", reason="no C compiler / fork")
+def test_native_pool_after_fork() -> None:
+    """A forked child makes its own pool threads (the parent's are not copied)."""
+    w = QuantWeight.pack(**_kw(logical("q4_1", 16 * 64, 512)))
+    x = torch.randn(3, 512)
+    want = qn.native_quant_linear(x, w, threads=2)
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(1) as p:
+        got = p.apply(_child_linear, (x, w))
+    assert torch.equal(got, want)
+
+
+def _child_linear(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
+    out = qn.native_quant_linear(x, w, threads=2)
+    assert out is not None and qn.last_parts == 2
+    return out
 
 
 def test_quant_linear_dispatch_dtypes_and_shapes() -> None:
@@ -309,3 +346,50 @@ def test_kernel_rejects_bad_group() -> None:
 def test_module_imports_without_triton_gpu() -> None:
     mod = importlib.import_module("plait.kernels.quant")
     assert mod.quant_linear.__doc__ and mod.QuantWeight.__doc__
+
+
+COMPILE_SCRIPT = """
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+import triton
+from plait.kernels.quant import _quant_linear_kernel as fn
+
+for bits, codes, scales in ((4, "*u8", "*fp16"), (8, "*i8", "*fp32")):
+    ptrs = dict(x_ptr="*bf16", codes_ptr=codes, scales_ptr=scales, mins_ptr=scales,
+                bias_ptr="*bf16", out_ptr="*fp32")
+    consts = dict(GROUP=32, BITS=bits, HAS_MINS=bits == 4, HAS_BIAS=True, DOT_PRECISION="tf32",
+                  BLOCK_M=16, BLOCK_N=64)
+    sig = {n: "constexpr" if n in consts else ptrs.get(n, "i32") for n in fn.arg_names}
+    triton.compile(ASTSource(fn, sig, constexprs=consts), target=GPUTarget("cuda", 90, 32))
+print("compiled")
+"""
+
+
+def test_triton_kernel_compiles_for_sm90() -> None:
+    """Lower the Triton kernel to a cubin for an H100/H200 (no GPU needed)."""
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    proc = subprocess.run(
+        [sys.executable, "-c", COMPILE_SCRIPT], env=env, capture_output=True, text=True
+    )
+    if proc.returncode != 0 and "ptxas" in proc.stderr and "not found" in proc.stderr:
+        pytest.skip("no ptxas in this Triton install")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "compiled" in proc.stdout
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["q4_1", "q8_0", "q6_k"])
+@pytest.mark.parametrize("m", [1, 16, 512])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gpu_production_sizes(fmt: str, m: int, dtype: torch.dtype) -> None:
+    """SmolLM2's gate_up and lm_head shapes through the real Triton backend."""
+    for n, k in ((3072, 576), (49152, 576)):
+        w = QuantWeight.pack(**_kw(logical(fmt, n, k))).to("cuda")
+        x = torch.randn(m, k, device="cuda").to(dtype)
+        bias = torch.randn(n, device="cuda").to(dtype)
+        out = quant_linear(x, w, bias=bias)
+        ref = quant_linear_reference(x, w, bias=bias)
+        tol = 1e-4 if dtype == torch.float32 else 3e-2
+        torch.testing.assert_close(out.float(), ref.float(), atol=tol, rtol=tol)
+        ids = torch.randint(0, n, (7,), device="cuda")
+        assert torch.equal(quant_embedding(ids, w), w.dequantize()[ids])

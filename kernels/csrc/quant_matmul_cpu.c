@@ -363,14 +363,53 @@ static void *scratch(size_t bytes) {
     return buf;
 }
 
-/* out[i, n] for i < m and n in blocks [b0, b1) of 16 rows (the last block may hold fewer
- * than 16 of the n rows). x is fp32 with row stride ldx; out has row stride ldo; scales and
- * mins are [blocks, k / group, 16] fp16 (half) or fp32, mins may be NULL, bias [n] or NULL.
- * Returns 0, -1 when out of memory, -3 on an unsupported shape. */
-int plait_qmm_f32(int isa, const float *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *codes,
-                  const void *scales, const void *mins, int half, int bits, int64_t group,
-                  int64_t n, int64_t b0, int64_t b1, const float *bias, float *out, int64_t ldo) {
-    if ((bits != 4 && bits != 8) || group < 16 || group > 256 || group % 16 || k % group)
+typedef struct {
+    block_fn run;
+    const int16_t *xq;
+    const float *dx, *xs, *bias;
+    const uint8_t *codes;
+    const void *scales, *mins;
+    int half, bits;
+    int64_t m, k, group, n, blocks, ldo;
+    float *out;
+} job_t;
+
+/* Part `part` of `parts` of a job: a contiguous range of row blocks (so every output is
+ * computed the same way whichever thread runs it). */
+static void run_part(void *ctx, int part, int parts) {
+    const job_t *j = ctx;
+    int64_t b0 = j->blocks * part / parts, b1 = j->blocks * (part + 1) / parts;
+    int64_t gc = j->k / j->group, block_bytes = j->k * BLOCK_ROWS * j->bits / 8;
+    size_t el = j->half ? 2 : 4, block_scales = (size_t)(gc * BLOCK_ROWS) * el;
+    for (int64_t b = b0; b < b1; ++b) {
+        int64_t rows = j->n - b * BLOCK_ROWS < BLOCK_ROWS ? j->n - b * BLOCK_ROWS : BLOCK_ROWS;
+        const char *sc = (const char *)j->scales + (size_t)b * block_scales;
+        const char *mn = j->mins ? (const char *)j->mins + (size_t)b * block_scales : NULL;
+        float *ob = j->out + b * BLOCK_ROWS;
+        j->run(j->xq, j->dx, j->xs, j->m, j->k, j->codes + b * block_bytes, sc, mn, j->half,
+               j->bits, j->group, ob, j->ldo, rows);
+        if (j->bias == NULL) continue;
+        for (int64_t i = 0; i < j->m; ++i)
+            for (int64_t r = 0; r < rows; ++r) ob[i * j->ldo + r] += j->bias[b * BLOCK_ROWS + r];
+    }
+}
+
+typedef int (*pool_fn)(void (*)(void *, int, int), void *, int, int);
+
+/* A part should hold at least this many row blocks x K x rows of x (some microseconds); there
+ * are up to PARTS_PER_THREAD parts per thread, so a late thread's share is taken by others. */
+#define MIN_PART_WORK 8192
+#define PARTS_PER_THREAD 4
+
+/* out[i, :n] = x[i] @ W^T (+ bias) for i < m. x is fp32 with row stride ldx, out has row stride
+ * ldo; scales and mins are [blocks, k / group, 16] fp16 (half) or fp32, mins may be NULL, bias
+ * [n] or NULL. The row blocks are split over up to `threads` threads through `pool`
+ * (plait_pool_run of thread_pool.c; NULL: this thread only). Returns the number of threads
+ * asked to run it (>= 1), -1 when out of memory, -3 on an unsupported shape. */
+int plait_qmm_f32(int isa, int threads, pool_fn pool, const float *x, int64_t ldx, int64_t m,
+                  int64_t k, const uint8_t *codes, const void *scales, const void *mins, int half,
+                  int bits, int64_t group, int64_t n, const float *bias, float *out, int64_t ldo) {
+    if ((bits != 4 && bits != 8) || group < 16 || group > 256 || group % 16 || k % group || n < 0)
         return -3;
     int64_t gc = k / group;
     size_t xq_bytes = ((size_t)(m * k) * sizeof(int16_t) + 63) & ~(size_t)63;
@@ -380,18 +419,12 @@ int plait_qmm_f32(int isa, const float *x, int64_t ldx, int64_t m, int64_t k, co
     float *dx = (float *)(buf + xq_bytes), *xs = dx + m * gc;
     for (int64_t i = 0; i < m; ++i)
         quantize_row(x + i * ldx, k, group, xq + i * k, dx + i * gc, xs + i * gc);
-    block_fn run = pick(isa);
-    int64_t block_bytes = k * BLOCK_ROWS * bits / 8, block_scales = gc * BLOCK_ROWS;
-    size_t el = half ? 2 : 4;
-    for (int64_t b = b0; b < b1; ++b) {
-        int64_t rows = n - b * BLOCK_ROWS < BLOCK_ROWS ? n - b * BLOCK_ROWS : BLOCK_ROWS;
-        const char *sc = (const char *)scales + (size_t)(b * block_scales) * el;
-        const char *mn = mins ? (const char *)mins + (size_t)(b * block_scales) * el : NULL;
-        float *ob = out + b * BLOCK_ROWS;
-        run(xq, dx, xs, m, k, codes + b * block_bytes, sc, mn, half, bits, group, ob, ldo, rows);
-        if (bias != NULL)
-            for (int64_t i = 0; i < m; ++i)
-                for (int64_t r = 0; r < rows; ++r) ob[i * ldo + r] += bias[b * BLOCK_ROWS + r];
-    }
-    return 0;
+    job_t job = {pick(isa), xq, dx, xs, bias, codes, scales, mins, half, bits,
+                 m, k, group, n, (n + BLOCK_ROWS - 1) / BLOCK_ROWS, ldo, out};
+    int64_t parts = job.blocks * k * m / MIN_PART_WORK, most = (int64_t)threads * PARTS_PER_THREAD;
+    parts = parts < job.blocks ? parts : job.blocks;
+    parts = parts < most ? parts : most;
+    if (pool != NULL && threads > 1 && parts > 1) return pool(run_part, &job, (int)parts, threads);
+    run_part(&job, 0, 1);
+    return 1;
 }
