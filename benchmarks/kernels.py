@@ -344,8 +344,7 @@ def bench_quant(bench: Bench, quick: bool) -> None:
                     ]
                 fmt = "Q8_0" if nm == "lm_head" else "Q4_1"
                 case = f"{nm} {k}->{n} {fmt} M={m}{tag}"
-                nbytes = ws[0].nbytes * copies
-                bench.run("quant_linear", case, nbytes, impls, "fp32 F.linear", calls=copies)
+                bench.run("quant_linear", case, ws[0].nbytes, impls, "fp32 F.linear", calls=copies)
         if not quick:
             bench_quant_model(bench, qw, fw, tag)
     torch.set_num_threads(saved)
