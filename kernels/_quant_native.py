@@ -67,6 +67,8 @@ def native_quant_linear(
     lib = _library()
     if lib is None or not x.is_cpu or not w.codes.is_cpu:
         return None
+    if x.dim() != 2 or x.shape[1] != w.k or (bias is not None and bias.numel() != w.n):
+        raise ValueError(f"x must be [M, {w.k}] and bias [{w.n}] (the kernel reads them directly)")
     level = _best_isa() if isa is None else min(_best_isa(), ISAS.index(isa))
     if x.dtype != torch.float32 or x.stride(-1) != 1:
         x = x.to(torch.float32).contiguous()

@@ -40,6 +40,26 @@ class QuantWeight:
     scales: torch.Tensor  # fp16 or fp32 [blocks, k // group, 16]
     mins: torch.Tensor | None  # like scales, or None (W = scales * codes)
 
+    def __post_init__(self) -> None:
+        """Every QuantWeight is consistent: the C kernel reads its tensors directly."""
+        if self.bits not in (4, 8) or self.group not in GROUPS or self.n <= 0 or self.k <= 0:
+            raise ValueError(f"bad QuantWeight: bits={self.bits} group={self.group} n={self.n}")
+        if self.k % self.group:
+            raise ValueError(f"bad QuantWeight: group {self.group} must divide k={self.k}")
+        blocks, gc = -(-self.n // BLOCK_ROWS), self.k // self.group
+        want = {
+            "codes": ((blocks, gc, self.group * BLOCK_ROWS * self.bits // 8), (torch.uint8,)),
+            "scales": ((blocks, gc, BLOCK_ROWS), (torch.float16, torch.float32)),
+            "mins": ((blocks, gc, BLOCK_ROWS), (self.scales.dtype,)),
+        }
+        for name, (shape, dtypes) in want.items():
+            t = getattr(self, name)
+            if t is None and name == "mins":
+                continue
+            ok = isinstance(t, torch.Tensor) and tuple(t.shape) == shape and t.dtype in dtypes
+            if not ok or not t.is_contiguous() or t.device != self.codes.device:
+                raise ValueError(f"bad QuantWeight: {name} must be contiguous {dtypes} {shape}")
+
     @classmethod
     def pack(
         cls,

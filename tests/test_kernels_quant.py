@@ -334,13 +334,32 @@ def test_linear_input_checks() -> None:
         quant_linear(torch.randn(3, 64), w, impl="numpy")
 
 
+def test_quant_weight_consistency_checks() -> None:
+    """A QuantWeight built by hand must match its layout (the C kernel reads it directly)."""
+    w = quantize_weight(torch.randn(20, 64), bits=4, group=32)
+    fields = {"n": 20, "k": 64, "group": 32, "bits": 4, "codes": w.codes, "scales": w.scales}
+    assert QuantWeight(**fields, mins=w.mins).n == 20
+    bad = [
+        {"group": 24},
+        {"bits": 6},
+        {"k": 96},
+        {"n": 40},
+        {"codes": w.codes[:, :1]},
+        {"scales": w.scales.float()},  # mins stay fp16
+        {"codes": w.codes.transpose(0, 1).contiguous().transpose(0, 1)},
+    ]
+    for change in bad:
+        with pytest.raises(ValueError, match="bad QuantWeight"):
+            QuantWeight(**{**fields, "mins": w.mins, **change})
+
+
 @pytest.mark.skipif(not ISAS, reason="no C compiler")
-def test_kernel_rejects_bad_group() -> None:
-    """The C entry point checks what it indexes with (the Python side already does)."""
-    w = quantize_weight(torch.randn(16, 64), bits=8, group=32)
-    bad = QuantWeight(n=16, k=64, group=24, bits=8, codes=w.codes, scales=w.scales, mins=None)
-    with pytest.raises(ValueError, match="rejected group=24"):
-        qn.native_quant_linear(torch.randn(1, 64), bad)
+def test_native_checks_what_it_reads() -> None:
+    w = quantize_weight(torch.randn(20, 64), bits=8, group=32)
+    with pytest.raises(ValueError, match="x must be"):
+        qn.native_quant_linear(torch.randn(2, 32), w)
+    with pytest.raises(ValueError, match="bias"):
+        qn.native_quant_linear(torch.randn(2, 64), w, torch.randn(19))
 
 
 def test_module_imports_without_triton_gpu() -> None:
