@@ -15,7 +15,7 @@
  *          j (bits 4j..4j+3) the code of row r at k0 + 8c + 2j + e.
  *   8-bit: group / 2 chunks of 32 bytes (int8); byte 2r + e of chunk p is row r at k0 + 2p + e.
  * Codes are read once per call and rows of x are processed MT at a time against them, so a
- * batch (or a prefill) reuses each decoded code for up to 8 rows. Entry points per ISA:
+ * batch (or a prefill) reuses each decoded code for up to 4 rows. Entry points per ISA:
  * AVX-512 VNNI, AVX-512BW, AVX2 (+FMA, F16C), and portable C; plait_qmm_isa() names the best
  * the CPU runs and the caller may ask for a lower one (tests run all of them). */
 #include <math.h>
@@ -162,14 +162,14 @@ PLAIT_INLINE int32_t pair_at(const int16_t *p) {
         int64_t ldo, int64_t rows, const int MT) {                                                 \
         int64_t gc = k / group;                                                                    \
         const int NACC = MT >= 4 ? 1 : 4 / MT; /* independent sums per row: latency */            \
-        __m512 tot[8];                                                                             \
+        __m512 tot[4];                                                                             \
         for (int i = 0; i < MT; ++i) tot[i] = _mm512_setzero_ps();                                 \
         const int NACC4 = NACC < 2 ? 2 : NACC;                                                     \
         const __m512i low4 = _mm512_set1_epi16(0xf), high4 = _mm512_set1_epi16(0xf0);             \
         const uint8_t *cp = codes;                                                                 \
         for (int64_t g = 0; g < gc; ++g) {                                                         \
             const int16_t *xg = xq + g * group;                                                    \
-            __m512i acc[8][4];                                                                     \
+            __m512i acc[4][4];                                                                     \
             for (int i = 0; i < MT; ++i)                                                           \
                 for (int a = 0; a < 4; ++a) acc[i][a] = _mm512_setzero_si512();                    \
             if (bits == 4) { /* nibbles 1 and 3 kept at 16x: acc[i][odd] sums 16 * dot */        \
@@ -241,12 +241,12 @@ __attribute__((target(T_AVX2))) PLAIT_INLINE void tile_avx2(
     int64_t gc = k / group;
     const __m256i low4 = _mm256_set1_epi16(0xf);
     for (int h = 0; h < 2; ++h) {
-        __m256 tot[8];
+        __m256 tot[4];
         for (int i = 0; i < MT; ++i) tot[i] = _mm256_setzero_ps();
         const uint8_t *cp = codes;
         for (int64_t g = 0; g < gc; ++g) {
             const int16_t *xg = xq + g * group;
-            __m256i acc[8];
+            __m256i acc[4];
             for (int i = 0; i < MT; ++i) acc[i] = _mm256_setzero_si256();
             if (bits == 4) {
                 for (int64_t c = 0; c < group; c += 8, cp += 64) {
@@ -293,30 +293,25 @@ __attribute__((target(T_AVX2))) PLAIT_INLINE void tile_avx2(
     }
 }
 
-/* One block against all m rows of x: MT = 8 at a time, then the rest by 4, 2, 1. */
+/* One block against all m rows of x: MT = 4 at a time (8 would spill registers), then the
+ * rest by 2 and 1. */
 #define DEFINE_BLOCK(NAME, TARGET, TILE)                                                           \
     __attribute__((target(TARGET))) static void NAME(                                             \
         const int16_t *xq, const float *dx, const float *xs, int64_t m, int64_t k,                 \
         const uint8_t *codes, const void *scales, const void *mins, int half, int bits,           \
         int64_t group, float *out, int64_t ldo, int64_t rows) {                                    \
         int64_t gc = k / group, i = 0;                                                             \
-        for (; i + 8 <= m; i += 8)                                                                 \
+        for (; i + 4 <= m; i += 4)                                                                 \
             TILE(xq + i * k, dx + i * gc, xs + i * gc, k, codes, scales, mins, half, bits, group,  \
-                 out + i * ldo, ldo, rows, 8);                                                     \
-        for (int mt = 4; mt >= 1; mt /= 2)                                                         \
-            for (; i + mt <= m; i += mt) {                                                         \
-                const float *xsi = xs + i * gc, *dxi = dx + i * gc;                                \
-                float *oi = out + i * ldo;                                                         \
-                if (mt == 4)                                                                       \
-                    TILE(xq + i * k, dxi, xsi, k, codes, scales, mins, half, bits, group, oi, ldo, \
-                         rows, 4);                                                                 \
-                else if (mt == 2)                                                                  \
-                    TILE(xq + i * k, dxi, xsi, k, codes, scales, mins, half, bits, group, oi, ldo, \
-                         rows, 2);                                                                 \
-                else                                                                               \
-                    TILE(xq + i * k, dxi, xsi, k, codes, scales, mins, half, bits, group, oi, ldo, \
-                         rows, 1);                                                                 \
-            }                                                                                      \
+                 out + i * ldo, ldo, rows, 4);                                                     \
+        if (i + 2 <= m) {                                                                          \
+            TILE(xq + i * k, dx + i * gc, xs + i * gc, k, codes, scales, mins, half, bits, group,  \
+                 out + i * ldo, ldo, rows, 2);                                                     \
+            i += 2;                                                                                \
+        }                                                                                          \
+        if (i < m)                                                                                 \
+            TILE(xq + i * k, dx + i * gc, xs + i * gc, k, codes, scales, mins, half, bits, group,  \
+                 out + i * ldo, ldo, rows, 1);                                                     \
     }
 
 DEFINE_BLOCK(block_avx512_vnni, T_AVX512VNNI, tile_avx512_vnni)
