@@ -240,13 +240,15 @@ def test_native_really_runs() -> None:
 
 
 @pytest.mark.skipif(not ISAS, reason="no C compiler")
-def test_nonfinite_input_gives_nan() -> None:
-    w = quantize_weight(torch.randn(20, 64), bits=4, group=32)
-    x = torch.randn(2, 64)
+@pytest.mark.parametrize("bits", [4, 8])
+def test_nonfinite_input_gives_nan(bits: int) -> None:
+    w = quantize_weight(torch.randn(20, 64), bits=bits, group=32)
+    x = torch.randn(3, 64)
     x[0, 5] = float("inf")
     x[1, 40] = float("nan")
-    out = quant_linear(x, w)
-    assert out.isnan().all()
+    for isa in ISAS:
+        out = qn.native_quant_linear(x, w, isa=isa)
+        assert out is not None and out[:2].isnan().all() and out[2].isfinite().all()
 
 
 @pytest.mark.parametrize("fmt", ["q4_1", "q8_0", "q4_0", "q6_k"])

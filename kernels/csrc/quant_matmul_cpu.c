@@ -53,7 +53,7 @@ PLAIT_INLINE void quantize_row(const float *x, int64_t k, int64_t group, int16_t
             amax = a > amax ? a : amax;
             sum += xg[i];
         }
-        int finite = amax <= 3.4e38f;
+        int finite = amax <= 3.4e38f && sum == sum; /* the max skips nan; the sum does not */
         float inv = finite && amax > 0.0f ? XQ_MAX / amax : 0.0f;
         dx[g] = finite ? amax / XQ_MAX : NAN;
         xs[g] = sum;
