@@ -321,10 +321,13 @@ DEFINE_BLOCK(block_avx2, T_AVX2, tile_avx2)
 int plait_qmm_isa(void) {
     __builtin_cpu_init();
     int avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                 __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+                 __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                 __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
     if (avx512 && __builtin_cpu_supports("avx512vnni")) return ISA_AVX512_VNNI;
     if (avx512) return ISA_AVX512;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return ISA_AVX2;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c"))
+        return ISA_AVX2;
     return ISA_GENERIC;
 }
 #else
