@@ -16,7 +16,6 @@ Q8_0 cost exactly their file size), else in fp32 (K-quants' d * sc products).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from functools import cached_property
 
 import torch
 
@@ -96,15 +95,6 @@ class QuantWeight:
         """Resident bytes of the packed tensors."""
         parts = (self.codes, self.scales, self.mins)
         return sum(t.numel() * t.element_size() for t in parts if t is not None)
-
-    @cached_property
-    def kernel_args(self) -> tuple[int, int, int | None, int, int, int, int]:
-        """What the C kernel takes about the weight, computed once: the codes, scales and mins
-        pointers, fp16 scales (1) or fp32 (0), bits, group, n."""
-        mins = None if self.mins is None else self.mins.data_ptr()
-        half = int(self.scales.dtype == torch.float16)
-        ptrs = (self.codes.data_ptr(), self.scales.data_ptr(), mins)
-        return (*ptrs, half, self.bits, self.group, self.n)
 
     @property
     def device(self) -> torch.device:

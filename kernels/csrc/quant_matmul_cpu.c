@@ -401,15 +401,22 @@ typedef int (*pool_fn)(void (*)(void *, int, int), void *, int, int);
 #define MIN_PART_WORK 8192
 #define PARTS_PER_THREAD 4
 
-/* out[i, :n] = x[i] @ W^T (+ bias) for i < m. x is fp32 with row stride ldx, out has row stride
- * ldo; scales and mins are [blocks, k / group, 16] fp16 (half) or fp32, mins may be NULL, bias
- * [n] or NULL. The row blocks are split over up to `threads` threads through `pool`
- * (plait_pool_run of thread_pool.c; NULL: this thread only). Returns the number of threads
- * asked to run it (>= 1), -1 when out of memory, -3 on an unsupported shape. */
+/* The packed weight as the Python side describes it (one struct per weight, built once). */
+typedef struct {
+    const uint8_t *codes;
+    const void *scales, *mins; /* [blocks, k / group, 16], fp16 (half) or fp32; mins may be NULL */
+    int64_t half, bits, group, n, k;
+} weight_t;
+
+/* out[i, :n] = x[i] @ W^T (+ bias) for i < m. x is fp32 with row stride ldx, out [m, n]
+ * contiguous, bias [n] or NULL. The row blocks are split over up to `threads` threads through
+ * `pool` (plait_pool_run of thread_pool.c; NULL: this thread only). Returns the number of
+ * threads asked to run it (>= 1), -1 when out of memory, -3 on an unsupported shape. */
 int plait_qmm_f32(int isa, int threads, pool_fn pool, const float *x, int64_t ldx, int64_t m,
-                  int64_t k, const uint8_t *codes, const void *scales, const void *mins, int half,
-                  int bits, int64_t group, int64_t n, const float *bias, float *out, int64_t ldo) {
-    if ((bits != 4 && bits != 8) || group < 16 || group > 256 || group % 16 || k % group || n < 0)
+                  const weight_t *w, const float *bias, float *out) {
+    int64_t k = w->k, group = w->group, n = w->n;
+    if ((w->bits != 4 && w->bits != 8) || group < 16 || group > 256 || group % 16 || k % group ||
+        n < 0)
         return -3;
     int64_t gc = k / group;
     size_t xq_bytes = ((size_t)(m * k) * sizeof(int16_t) + 63) & ~(size_t)63;
@@ -419,8 +426,8 @@ int plait_qmm_f32(int isa, int threads, pool_fn pool, const float *x, int64_t ld
     float *dx = (float *)(buf + xq_bytes), *xs = dx + m * gc;
     for (int64_t i = 0; i < m; ++i)
         quantize_row(x + i * ldx, k, group, xq + i * k, dx + i * gc, xs + i * gc);
-    job_t job = {pick(isa), xq, dx, xs, bias, codes, scales, mins, half, bits,
-                 m, k, group, n, (n + BLOCK_ROWS - 1) / BLOCK_ROWS, ldo, out};
+    job_t job = {pick(isa), xq,      dx, xs, bias, w->codes, w->scales, w->mins, (int)w->half,
+                 (int)w->bits, m, k, group, n, (n + BLOCK_ROWS - 1) / BLOCK_ROWS, n, out};
     int64_t parts = job.blocks * k * m / MIN_PART_WORK, most = (int64_t)threads * PARTS_PER_THREAD;
     parts = parts < job.blocks ? parts : job.blocks;
     parts = parts < most ? parts : most;
