@@ -129,6 +129,7 @@ def _quant_linear_kernel(
     HAS_MINS: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    USE_DOT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ) -> None:
@@ -166,7 +167,10 @@ def _quant_linear_kernel(
         xmask = (rows[:, None] < m) & (kk[None, :] < GROUP)
         xoff = rows64[:, None] * stride_x + g * GROUP + kk[None, :]
         xt = tl.load(x_ptr + xoff, mask=xmask, other=0.0)
-        acc += tl.dot(xt, tl.trans(wt.to(xt.dtype)), input_precision=DOT_PRECISION)
+        if USE_DOT:
+            acc += tl.dot(xt, tl.trans(wt.to(xt.dtype)), input_precision=DOT_PRECISION)
+        else:  # BLOCK_M == 1: a matrix-vector product, no tensor cores and no padded rows
+            acc += tl.sum(xt.to(tl.float32) * wt, axis=1)[None, :]
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=cols < n, other=0.0).to(tl.float32)[None, :]
     omask = (rows[:, None] < m) & (cols[None, :] < n)
@@ -178,11 +182,16 @@ def quant_linear_triton(
     w: QuantWeight,
     *,
     bias: torch.Tensor | None = None,
-    block_m: int = 16,
-    block_n: int = 64,
+    block_m: int | None = None,
+    block_n: int | None = None,
 ) -> torch.Tensor:
     """Triton path for x [M, K]: per group of K, a [block_n, group] tile of W is dequantized in
-    registers (fp32, then x's dtype) and multiplied with tl.dot; fp32 accumulation."""
+    registers (fp32) and multiplied with tl.dot (in x's dtype), fp32 accumulation. Below 16
+    rows of x (decode) each program takes one row of x and sums products instead
+    (``block_m=1``): a dot would pad x to 16 rows and launch too few programs."""
+    if block_m is None:
+        block_m = 16 if x.shape[0] >= 16 else 1
+    block_n = block_n or (64 if block_m > 1 else 32)
     xc = x if x.stride(-1) == 1 else x.contiguous()
     m = xc.shape[0]
     out = torch.empty(m, w.n, dtype=torch.float32, device=x.device)
@@ -207,6 +216,7 @@ def quant_linear_triton(
         HAS_MINS=w.mins is not None,
         HAS_BIAS=bias is not None,
         DOT_PRECISION="tf32" if x.is_cuda and x.dtype != torch.float32 else "ieee",
+        USE_DOT=block_m > 1,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         num_warps=4,

@@ -259,8 +259,9 @@ def test_triton_interpreter_matches_reference(fmt: str, m: int) -> None:
     bias = torch.randn(37)
     out = quant_linear(x, w, bias=bias, impl="triton")
     torch.testing.assert_close(out, quant_linear_reference(x, w, bias=bias), atol=1e-5, rtol=1e-5)
-    out2 = quant_linear_triton(x, w, block_m=16, block_n=16)
-    torch.testing.assert_close(out2, quant_linear_reference(x, w), atol=1e-5, rtol=1e-5)
+    for block_m, block_n in ((16, 16), (1, 16)):  # tl.dot tiles, and the decode path
+        out2 = quant_linear_triton(x, w, block_m=block_m, block_n=block_n)
+        torch.testing.assert_close(out2, quant_linear_reference(x, w), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("fmt", ["q4_1", "q8_0", "q6_k"])
@@ -378,10 +379,11 @@ from plait.kernels.quant import _quant_linear_kernel as fn
 for bits, codes, scales in ((4, "*u8", "*fp16"), (8, "*i8", "*fp32")):
     ptrs = dict(x_ptr="*bf16", codes_ptr=codes, scales_ptr=scales, mins_ptr=scales,
                 bias_ptr="*bf16", out_ptr="*fp32")
-    consts = dict(GROUP=32, BITS=bits, HAS_MINS=bits == 4, HAS_BIAS=True, DOT_PRECISION="tf32",
-                  BLOCK_M=16, BLOCK_N=64)
-    sig = {n: "constexpr" if n in consts else ptrs.get(n, "i32") for n in fn.arg_names}
-    triton.compile(ASTSource(fn, sig, constexprs=consts), target=GPUTarget("cuda", 90, 32))
+    for block_m in (16, 1):
+        consts = dict(GROUP=32, BITS=bits, HAS_MINS=bits == 4, HAS_BIAS=True,
+                      DOT_PRECISION="tf32", USE_DOT=block_m > 1, BLOCK_M=block_m, BLOCK_N=64)
+        sig = {n: "constexpr" if n in consts else ptrs.get(n, "i32") for n in fn.arg_names}
+        triton.compile(ASTSource(fn, sig, constexprs=consts), target=GPUTarget("cuda", 90, 32))
 print("compiled")
 """
 
