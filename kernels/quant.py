@@ -16,11 +16,13 @@ import triton
 import triton.language as tl
 
 from ._dispatch import FLOAT_DTYPES, INDEX_DTYPES, check_tensor, choose_impl
-from ._quant_native import native_quant_linear
+from ._quant_native import native_isa, native_quant_linear
 from .quant_weight import BLOCK_ROWS, QuantWeight, dequantize_rows, quantize_weight
 
-# Float elements of W the no-compiler fallback dequantizes at once (4 MiB of fp32).
+# Float elements of W the fallback dequantizes at once (4 MiB of fp32).
 _PANEL_ELEMS = 1 << 20
+# From this many rows of x the portable C kernel (5-9 GMAC/s) loses to dequantize + GEMM.
+_GENERIC_MAX_M = 32
 
 
 def quant_linear(
@@ -83,8 +85,10 @@ def quant_linear_torch(
     threads: int | None = None,
 ) -> torch.Tensor:
     """CPU path for x [M, K]: the C kernel when ``native`` and it can run (over ``threads``
-    threads, default torch's count), else W dequantized a panel of rows at a time."""
-    if native:
+    threads, default torch's count), else W dequantized a panel of rows at a time. The
+    portable C build (no AVX2: e.g. ARM) takes only small M; a prefill is faster through
+    dequantized panels and torch's GEMM there."""
+    if native and (x.shape[0] < _GENERIC_MAX_M or native_isa() != "generic"):
         out = native_quant_linear(x, w, bias, threads=threads)
         if out is not None:
             return out if x.dtype == torch.float32 else out.to(x.dtype)

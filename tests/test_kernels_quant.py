@@ -232,6 +232,21 @@ def test_fallback_without_compiler(fmt: str, monkeypatch: pytest.MonkeyPatch) ->
 
 
 @pytest.mark.skipif(not ISAS, reason="no C compiler")
+def test_portable_build_sends_large_m_to_gemm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without AVX2 (the portable C build) only small M runs the C kernel."""
+    monkeypatch.setattr(qn, "_best_isa", lambda: 0)
+    w = QuantWeight.pack(**_kw(logical("q4_1", 40, 128)))
+    x = torch.randn(40, 128)
+    qn.last_parts = 0
+    out = quant_linear(x, w)
+    assert qn.last_parts == 0  # dequantized panels and F.linear: exact up to fp32
+    torch.testing.assert_close(out, quant_linear_reference(x, w), atol=1e-5, rtol=1e-5)
+    small = quant_linear(x[:3], w)
+    assert qn.last_parts == 1
+    assert_within(small, x[:3], w)
+
+
+@pytest.mark.skipif(not ISAS, reason="no C compiler")
 def test_native_really_runs() -> None:
     assert load_native("quant_matmul_cpu") is not None
     w = quantize_weight(torch.randn(16, 32), bits=8, group=32)
