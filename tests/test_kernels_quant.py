@@ -3,9 +3,11 @@ Triton (interpreter), embedding lookup, quantize_weight, argument checks.
 
 Tolerance. The reference dequantizes W and runs fp32 ``F.linear``. The C kernel rounds each row
 of x per group to int16 (step dx = max|x_g| / 32767), so an output may differ from the
-reference by up to sum_g dx_g / 2 * sum_{k in g} |W[n, k]| (the worst case; typical errors are
-about 1/30 of it, some 3e-5 of the output's size); on top of that fp32 rounding, bounded here
-by 2^-18 * sum_k |x_k| (|s q| + |m|). Every check below holds each output to that bound.
+reference by up to sum_g dx_g / 2 * sum_{k in g} |W[n, k]| (the worst case), plus fp32
+rounding, bounded here by 2^-18 * sum_k |x_k| (|s q| + |m|). Every check below holds each output
+to that bound. Measured on 576 x 576 weights: the largest error is 0.13-0.36 of the bound,
+1.1-1.5e-4 of the mean |output| (3e-5 rms; up to 6.6e-4 with 50x outlier channels in x), where
+fp32 F.linear itself is off by 2-8e-6.
 """
 
 from __future__ import annotations
