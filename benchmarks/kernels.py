@@ -1,6 +1,6 @@
 """Kernel micro-benchmarks: the dispatched path vs the torch reference (and xgrammar on CPU).
 
-    python benchmarks/kernels.py [--quick] [--peak-gbps 4800] [--threads 1]
+    python benchmarks/kernels.py [--quick] [--peak-gbps 4800] [--threads 1] [--only quant]
 
 Runs on CUDA when available (dispatch -> Triton), else on CPU (dispatch -> the torch path, so
 there the reference column is a different baseline: xgrammar for the bitmask). Prints a markdown
@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from plait.kernels import (
     apply_token_bitmask,
@@ -34,6 +35,7 @@ from plait.kernels import (
 )
 from plait.kernels.bitmask import apply_token_bitmask_torch
 from plait.kernels.decode_attention import paged_decode_attention_torch
+from plait.kernels.quant import QuantWeight, quant_linear
 
 RESULTS = Path(__file__).resolve().parent / "results" / "kernels.json"
 
@@ -94,8 +96,12 @@ class Bench:
         nbytes: float,
         impls: dict[str, Callable[[], object]],
         ref: str,
+        *,
+        calls: int = 1,
     ) -> None:
+        """Time ``impls`` (each makes ``calls`` kernel calls; rows report one call)."""
         times = timed(impls, self.device, self.repeats)
+        times = {name: ms / calls for name, ms in times.items()}
         for name, ms in times.items():
             gbps = nbytes / (ms * 1e-3) / 1e9
             frac = gbps / self.peak if self.peak else None
@@ -274,6 +280,97 @@ def bench_sampling(bench: Bench, quick: bool) -> None:
         )
 
 
+# SmolLM2-135M (the issue's model): per layer, Q4_1 [N, K]; the tied embedding / LM head is Q8_0.
+SMOL_LAYER = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}
+SMOL_HEAD = (49152, 576)
+SMOL_LAYERS = 30
+
+
+def gguf_like(n: int, k: int, bits: int, dev: torch.device) -> QuantWeight:
+    """A random weight in GGUF's Q4_1 (bits=4) or Q8_0 (bits=8) form: fp16 d (and m)."""
+    d = (torch.rand(n, k // 32) * 0.01 + 1e-3).half().float()
+    if bits == 4:
+        codes = torch.randint(0, 16, (n, k), dtype=torch.uint8)
+        m = (-8 * d * (0.5 + torch.rand_like(d))).half().float()
+        return QuantWeight.pack(codes=codes, scales=d, mins=m, group=32).to(dev)
+    codes = torch.randint(-127, 128, (n, k), dtype=torch.int8)
+    return QuantWeight.pack(codes=codes, scales=d, group=32).to(dev)
+
+
+def int4pack(w: QuantWeight) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch's CPU int4 layout for a Q4_1 weight: W = (q - 8) * scale + zero, bf16 scale and
+    zero (so not exact for GGUF's fp16 d and m)."""
+    codes, d, m = w.unpack()
+    assert m is not None
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.int(), 1)
+    sz = torch.stack([d, m + 8 * d], dim=-1).transpose(0, 1).contiguous().bfloat16()
+    return packed, sz
+
+
+def bench_quant(bench: Bench, quick: bool) -> None:
+    """quant_linear on SmolLM2-135M's shapes against fp32 F.linear (and torch's int4 kernel on
+    the CPU). Each case cycles through one weight per layer, as a decode step does, so weights
+    come from memory rather than cache (M=512 is compute-bound: two copies). GB/s counts the
+    quantized weight bytes. The last rows per thread count are the whole decode step's
+    matmuls: 30 layers x (qkv, o, gate_up, down) + the LM head, at M=1."""
+    dev = bench.device
+    cpu = dev.type == "cpu"
+    layers = 4 if quick else SMOL_LAYERS
+    shapes = {**SMOL_LAYER, "lm_head": SMOL_HEAD}
+    qw = {nm: [gguf_like(n, k, 4, dev) for _ in range(layers)] for nm, (n, k) in SMOL_LAYER.items()}
+    qw["lm_head"] = [gguf_like(*SMOL_HEAD, 8, dev)]
+    fw = {nm: [w.dequantize() for w in ws] for nm, ws in qw.items()}
+    packs = {nm: [int4pack(w) for w in ws] for nm, ws in qw.items() if nm != "lm_head" and cpu}
+    saved = torch.get_num_threads()
+    for threads in (1, 2) if cpu else (saved,):
+        torch.set_num_threads(threads)
+        tag = f" threads={threads}" if cpu else ""
+        for m in (1, 16) if quick else (1, 16, 512):
+            for nm, (n, k) in shapes.items():
+                if nm == "lm_head" and m == 512:
+                    continue  # a prefill takes logits at its last positions only
+                copies = len(qw[nm]) if m <= 16 else min(2, len(qw[nm]))
+                x = torch.randn(m, k, device=dev)
+                xb = x.bfloat16()
+                ws, fs = qw[nm][:copies], fw[nm][:copies]
+                impls: dict[str, Callable[[], object]] = {
+                    "dispatch": lambda x=x, ws=ws: [quant_linear(x, w) for w in ws],
+                    "fp32 F.linear": lambda x=x, fs=fs: [F.linear(x, f) for f in fs],
+                }
+                if nm in packs:
+                    ps = packs[nm][:copies]
+                    impls["torch int4pack bf16"] = lambda xb=xb, ps=ps: [
+                        torch.ops.aten._weight_int4pack_mm_for_cpu(xb, p, 32, sz) for p, sz in ps
+                    ]
+                fmt = "Q8_0" if nm == "lm_head" else "Q4_1"
+                case = f"{nm} {k}->{n} {fmt} M={m}{tag}"
+                bench.run("quant_linear", case, ws[0].nbytes, impls, "fp32 F.linear", calls=copies)
+        if not quick:
+            bench_quant_model(bench, qw, fw, tag)
+    torch.set_num_threads(saved)
+
+
+def bench_quant_model(
+    bench: Bench, qw: dict[str, list[QuantWeight]], fw: dict[str, list[torch.Tensor]], tag: str
+) -> None:
+    """One decode step's matmuls (M=1), layer by layer in model order."""
+    dev = bench.device
+    x = {576: torch.randn(1, 576, device=dev), 1536: torch.randn(1, 1536, device=dev)}
+    seq = []
+    for i in range(SMOL_LAYERS):
+        for nm in SMOL_LAYER:
+            w, f = qw[nm][i % len(qw[nm])], fw[nm][i % len(qw[nm])]
+            seq.append((x[w.k], w, f))
+    head = (x[576], qw["lm_head"][0], fw["lm_head"][0])
+    nbytes = sum(w.nbytes for _, w, _ in seq) + head[1].nbytes
+    impls: dict[str, Callable[[], object]] = {
+        "dispatch": lambda: [quant_linear(a, w) for a, w, _ in (*seq, head)],
+        "fp32 F.linear": lambda: [F.linear(a, f) for a, _, f in (*seq, head)],
+    }
+    case = f"SmolLM2-135M decode step: 30 layers + lm_head, M=1{tag}"
+    bench.run("quant_linear model", case, nbytes, impls, "fp32 F.linear")
+
+
 def table(rows: list[Row], cuda: bool) -> str:
     head = "| kernel | case | impl | median ms | GB/s |" + (" % peak |" if cuda else "")
     head += " speedup vs ref |"
@@ -295,6 +392,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--only", default="", help="comma-separated suites, e.g. quant (default: all)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -302,8 +400,16 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.device("cuda" if cuda else "cpu")
     repeats = args.repeats or (5 if args.quick else 25)
     bench = Bench(device, repeats, args.peak_gbps if cuda else None)
-    for fn in (bench_bitmask, bench_decode, bench_extend, bench_small, bench_sampling):
-        fn(bench, args.quick)
+    suites = {
+        "bitmask": bench_bitmask,
+        "decode": bench_decode,
+        "extend": bench_extend,
+        "small": bench_small,
+        "sampling": bench_sampling,
+        "quant": bench_quant,
+    }
+    for name in args.only.split(",") if args.only else suites:
+        suites[name](bench, args.quick)
     name = torch.cuda.get_device_name() if cuda else platform.processor() or platform.machine()
     print(f"device: {device} ({name}), torch {torch.__version__}, threads {args.threads}\n")
     print(table(bench.rows, cuda))
