@@ -7,14 +7,18 @@ from dataclasses import dataclass
 from typing import Any
 
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
+QUANTIZATIONS = ("auto", "none", "int8", "int4")
 
 
 @dataclass(frozen=True)
 class EngineConfig:
     """Everything that shapes one engine: model, memory, batching, scheduling.
 
-    `kv_tokens=None` sizes the KV pool from `mem_fraction` of free device memory (capped at
-    `max_kv_tokens_cpu` on CPU). `chunked_prefill_size=0` disables chunked prefill.
+    `quantization`: "auto" keeps a GGUF file's quantized weights packed (weight-only
+    quantized matmuls), "none" de-quantizes them to `dtype`, "int8"/"int4" quantize a float
+    checkpoint's linear layers at load. `kv_tokens=None` sizes the KV pool from
+    `mem_fraction` of free device memory (capped at `max_kv_tokens_cpu` on CPU).
+    `chunked_prefill_size=0` disables chunked prefill.
     """
 
     model: str = "plait-tiny"
@@ -39,8 +43,11 @@ class EngineConfig:
     new_token_ratio_decay: float = 0.002
     check_integrity: bool = False
     num_threads: int = 1
+    quantization: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {QUANTIZATIONS}")
         if self.schedule_policy not in SCHEDULE_POLICIES:
             raise ValueError(f"schedule_policy must be one of {SCHEDULE_POLICIES}")
         if self.page_size < 1:

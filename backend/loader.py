@@ -9,9 +9,11 @@ import torch
 from safetensors import safe_open
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
+from plait.backend.config import QUANTIZATIONS
 from plait.backend.gguf import is_gguf, load_gguf_model, load_gguf_tokenizer
 from plait.backend.model import LlamaForCausalLM, empty_model
 from plait.backend.model_config import ModelConfig
+from plait.backend.quantized import quantize_model
 
 # HF name fragment -> (plait parameter fragment, shard index within the merged weight)
 _MERGED = {
@@ -23,11 +25,31 @@ _MERGED = {
 }
 
 
-def load_model(path: str | Path, *, dtype: torch.dtype, device: torch.device) -> LlamaForCausalLM:
-    """Build the model from `path` and fill every parameter from its safetensors files
-    (or from the GGUF file `path`)."""
+def load_model(
+    path: str | Path,
+    *,
+    dtype: torch.dtype,
+    device: torch.device,
+    quantization: str = "auto",
+) -> LlamaForCausalLM:
+    """Build the model from `path`: its safetensors files or the GGUF file `path`.
+
+    `quantization`: "auto" keeps a GGUF file's quantized weights packed and loads float
+    checkpoints as they are; "none" de-quantizes everything to `dtype`; "int8"/"int4" also
+    quantize the float linear layers (and a tied embedding) at load."""
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
+    model = _load(path, dtype=dtype, device=device, keep_quantized=quantization != "none")
+    if quantization in ("int8", "int4"):
+        quantize_model(model, bits=8 if quantization == "int8" else 4)
+    return model
+
+
+def _load(
+    path: str | Path, *, dtype: torch.dtype, device: torch.device, keep_quantized: bool
+) -> LlamaForCausalLM:
     if is_gguf(path):
-        return load_gguf_model(path, dtype=dtype, device=device)
+        return load_gguf_model(path, dtype=dtype, device=device, keep_quantized=keep_quantized)
     path = Path(path)
     cfg = ModelConfig.from_dir(path)
     files = sorted(path.glob("*.safetensors"))

@@ -7,6 +7,8 @@ K/V through `plait.kernels`, which run Triton on CUDA tensors and vectorized tor
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -137,10 +139,10 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens: nn.Module = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head: nn.Module = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.requires_grad_(False)
@@ -157,13 +159,24 @@ class LlamaForCausalLM(nn.Module):
         return self.lm_head(h[batch.logit_indices]).float()
 
 
-def empty_model(cfg: ModelConfig, *, dtype: torch.dtype, device: torch.device) -> LlamaForCausalLM:
+def empty_model(
+    cfg: ModelConfig,
+    *,
+    dtype: torch.dtype,
+    device: torch.device,
+    modules: Mapping[str, nn.Module] | None = None,
+) -> LlamaForCausalLM:
     """The model with uninitialized weights on `device` (no random init: a loader fills
-    every parameter); tied embeddings shared, the RoPE table computed."""
+    every parameter); `modules` (by name, e.g. quantized layers holding their own weights)
+    replace the model's own before anything is allocated; tied embeddings shared (an LM
+    head tied to a replaced embedding is the loader's to set), the RoPE table computed."""
     with torch.device("meta"):
         skeleton = LlamaForCausalLM(cfg)
+    for name, module in (modules or {}).items():
+        skeleton.set_submodule(name, module)
     model = skeleton.to_empty(device=device).to(dtype)
-    if cfg.tie_word_embeddings:
+    tied = isinstance(model.lm_head, nn.Linear) and isinstance(model.embed_tokens, nn.Embedding)
+    if cfg.tie_word_embeddings and tied:
         model.lm_head.weight = model.embed_tokens.weight
     model.cos_sin = cfg.cos_sin_cache().to(device=device, dtype=torch.float32)
     return model

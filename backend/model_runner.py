@@ -41,7 +41,12 @@ class ModelRunner:
         self.device = pick_device(config.device)
         self.dtype = pick_dtype(config.dtype, self.device)
         self.model_path: Path = resolve_model_path(config.model)
-        self.model = load_model(self.model_path, dtype=self.dtype, device=self.device)
+        self.model = load_model(
+            self.model_path,
+            dtype=self.dtype,
+            device=self.device,
+            quantization=config.quantization,
+        )
         cfg = self.model.cfg
         self.model_config = cfg
         self.vocab_size = cfg.vocab_size

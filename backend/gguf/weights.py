@@ -4,7 +4,9 @@ llama.cpp names tensors `blk.{i}.attn_q.weight`, `token_embd.weight`, ...; plait
 Hugging Face names with merged `qkv_proj` and `gate_up_proj`. For the llama architecture
 llama.cpp's converter permuted the rows of attn_q and attn_k (per head, interleaving the two
 rotary halves for its rope kernel); `hf_row_order` undoes it so RoPE sees the HF layout.
-Weights are de-quantized at load to the engine's dtype.
+Quantized matrices of linear layers and the embedding stay packed (`plait.backend.quantized`);
+every other weight, or every weight with `keep_quantized=False`, is de-quantized at load to
+the engine's dtype.
 """
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ from pathlib import Path
 
 import torch
 from gguf import GGUFReader, ReaderTensor
+from torch import nn
 
 from plait.backend.gguf.metadata import ARCHITECTURES, GGUFMetadata, gguf_model_config
 from plait.backend.gguf.quants import QuantizedTensor, read_tensor
 from plait.backend.model import LlamaForCausalLM, empty_model
 from plait.backend.model_config import ModelConfig
+from plait.backend.quantized import LogicalQuant, QuantEmbedding, QuantLinear, pack_merged
 
 _GLOBAL_NAMES = {
     "token_embd.weight": "embed_tokens.weight",
@@ -43,6 +47,7 @@ _LAYER_NAMES: dict[str, tuple[str, int | None]] = {
 }
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(.+)")
 _IGNORED = ("rope_freqs.weight",)  # refused earlier by the config if present
+_LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
 
 @dataclass(frozen=True)
@@ -81,38 +86,85 @@ def hf_row_order(rows: int, num_heads: int) -> torch.Tensor:
 
 
 def load_gguf_model(
-    path: str | Path, *, dtype: torch.dtype, device: torch.device
+    path: str | Path, *, dtype: torch.dtype, device: torch.device, keep_quantized: bool = True
 ) -> LlamaForCausalLM:
-    """Build plait's model from a GGUF file, de-quantizing every weight to `dtype`."""
+    """Build plait's model from a GGUF file. With `keep_quantized`, the quantized matrices
+    of linear layers and the embedding stay packed (`QuantLinear`/`QuantEmbedding`: q, k, v
+    and gate, up each merged into one); every other weight is de-quantized to `dtype`."""
     path = Path(path)
     reader = GGUFReader(path)
     meta = GGUFMetadata.from_reader(reader, path)
     cfg = gguf_model_config(meta)
-    model = empty_model(cfg, dtype=dtype, device=device)
-    params = dict(model.named_parameters(remove_duplicate=False))
     permuted = ARCHITECTURES[meta.architecture][1]
-    loaded: set[str] = set()
+    shards: dict[str, dict[int | None, torch.Tensor | QuantizedTensor]] = {}
     for tensor in reader.tensors:
-        if tensor.name in _IGNORED:
+        if tensor.name not in _IGNORED:
+            target = map_name(tensor.name)
+            shards.setdefault(target.param, {})[target.shard] = _oriented(
+                tensor, cfg, target, permuted=permuted
+            )
+    packed = _packed(cfg, shards, dtype=dtype, device=device) if keep_quantized else {}
+    model = empty_model(cfg, dtype=dtype, device=device, modules=packed)
+    embed = packed.get("embed_tokens")
+    if cfg.tie_word_embeddings and isinstance(embed, QuantEmbedding):
+        model.lm_head = QuantLinear(embed.qweight)
+    params = dict(model.named_parameters(remove_duplicate=False))
+    loaded: set[str] = set()
+    for param, parts in shards.items():
+        module = param.rsplit(".", 1)[0]
+        if module in packed and param.endswith(".weight"):
             continue
-        target = map_name(tensor.name)
-        value = _dense(tensor, cfg, target, permuted=permuted)
-        _copy(params, cfg, target, value, tensor.name)
-        loaded.add(target.key)
+        for shard, value in parts.items():
+            target = Target(param, shard)
+            _copy(params, cfg, target, _dense(value), param)
+            loaded.add(target.key)
     _check_complete(cfg, params, loaded, path)
     return model.eval()
 
 
-def _dense(
+def _oriented(
     tensor: ReaderTensor, cfg: ModelConfig, target: Target, *, permuted: bool
-) -> torch.Tensor:
-    """The tensor de-quantized to float32, attn_q/attn_k rows in HF order."""
+) -> torch.Tensor | QuantizedTensor:
+    """The tensor as read (float, or unpacked quantized blocks), attn_q/attn_k rows in HF
+    order."""
     value: torch.Tensor | QuantizedTensor = read_tensor(tensor)
     heads = _rope_heads(cfg, target) if permuted else None
     if heads is not None:
         order = hf_row_order(value.shape[0], heads)
         value = value.take_rows(order) if isinstance(value, QuantizedTensor) else value[order]
+    return value
+
+
+def _dense(value: torch.Tensor | QuantizedTensor) -> torch.Tensor:
     return value.dequantize() if isinstance(value, QuantizedTensor) else value
+
+
+def _packed(
+    cfg: ModelConfig,
+    shards: dict[str, dict[int | None, torch.Tensor | QuantizedTensor]],
+    *,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> dict[str, nn.Module]:
+    """Quantized modules by name for every linear weight (and the embedding) whose shards
+    are all quantized; the rest is loaded dense."""
+    modules: dict[str, nn.Module] = {}
+    for param, parts in shards.items():
+        name = param.removesuffix(".weight")
+        quant = [parts[k] for k in sorted(parts, key=lambda s: -1 if s is None else s)]
+        if not param.endswith(".weight") or not all(isinstance(q, QuantizedTensor) for q in quant):
+            continue
+        weight = pack_merged([_logical(q) for q in quant if isinstance(q, QuantizedTensor)])
+        weight = weight.to(device)
+        if name == "embed_tokens":
+            modules[name] = QuantEmbedding(weight, dtype=dtype)
+        elif name == "lm_head" or name.rsplit(".", 1)[-1] in _LINEARS:
+            modules[name] = QuantLinear(weight, bias=f"{name}.bias" in shards)
+    return modules
+
+
+def _logical(q: QuantizedTensor) -> LogicalQuant:
+    return LogicalQuant(codes=q.codes, scales=q.scales, mins=q.mins, group=q.group)
 
 
 def _rope_heads(cfg: ModelConfig, target: Target) -> int | None:
