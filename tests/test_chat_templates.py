@@ -260,3 +260,24 @@ def test_http_backend_renders_with_the_servers_template(plait_server: plait.Runt
                 messages, tokenize=False, add_generation_prompt=gen_prompt
             )
             assert ours == theirs
+
+
+def test_a_rendered_bos_is_not_doubled() -> None:
+    """Templates write the BOS token (Llama, Mistral, Gemma): a tokenizer that adds one
+    itself must not add a second, as the chat endpoint (add_special_tokens=False) adds none."""
+    from tokenizers.pre_tokenizers import WhitespaceSplit
+    from tokenizers.processors import TemplateProcessing
+
+    from plait.backend.tokenizer_manager import TokenizerManager
+
+    def manager(adds_bos: bool) -> TokenizerManager:
+        tok = Tokenizer(WordLevel({"[unk]": 0, "<s>": 1, "hi": 2}, unk_token="[unk]"))
+        tok.pre_tokenizer = WhitespaceSplit()
+        if adds_bos:
+            tok.post_processor = TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+        hf = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>")
+        return TokenizerManager(tokenizer=hf, send=lambda message: None)
+
+    assert manager(True).encode("hi") == [1, 2]
+    assert manager(True).encode("<s> hi") == [1, 2]
+    assert manager(False).encode("<s> <s> hi") == [1, 1, 2]  # the text's own, kept
