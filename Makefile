@@ -1,4 +1,4 @@
-# plait: `make demo` runs the default model, `make test` runs every check, `make bench` the benchmarks.
+# plait: `make demo` runs programs on the real model (SmolLM2-135M-Instruct), `make test` runs every check, `make bench` the benchmarks.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin

@@ -8,7 +8,6 @@ takes about a minute on two cores.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -98,9 +97,8 @@ def prompt_ids(tokenizer: PreTrainedTokenizerBase) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def engine() -> Iterator[Engine]:
-    with Engine(MODEL, dtype="float32", kv_tokens=8192, check_integrity=True) as eng:
-        yield eng
+def engine(smollm2_engine: Engine) -> Engine:
+    return smollm2_engine
 
 
 def test_greedy_tokens_match_transformers_alone_then_batched(
