@@ -30,7 +30,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy -p plait
 
 pytest: $(STAMP)
-	$(BIN)/pytest -q -ra --durations=15  # not `python -m`: the cwd on sys.path would let kernels/ shadow the hub `kernels` package transformers imports
+	$(BIN)/pytest -q -ra --durations=15  # not `python -m`: the repository root on sys.path would let kernels/ shadow the `kernels` package transformers imports
 
 test: lint typecheck pytest
 
