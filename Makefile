@@ -1,4 +1,4 @@
-# plait: `make demo` runs the default model, `make test` runs every check, `make bench` the benchmarks.
+# plait: `make demo` runs programs on the real model (SmolLM2-135M-Instruct), `make test` runs every check, `make bench` the benchmarks.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -30,7 +30,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy -p plait
 
 pytest: $(STAMP)
-	$(BIN)/python -m pytest -q -ra --durations=15
+	$(BIN)/pytest -q -ra --durations=15  # not `python -m`: the repository root on sys.path would let kernels/ shadow the `kernels` package transformers imports
 
 test: lint typecheck pytest
 

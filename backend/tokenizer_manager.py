@@ -126,7 +126,14 @@ class TokenizerManager:
 
     # --- tokenization -----------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=True))
+        """Token ids of a prompt text; a text that already starts with the BOS token (a
+        rendered chat template's) gets no second one from the tokenizer."""
+        ids = list(self.tokenizer.encode(text, add_special_tokens=True))
+        bos = self.tokenizer.bos_token_id
+        if bos is not None and ids[:2] == [bos, bos]:
+            added = len(ids) - len(self.tokenizer.encode(text, add_special_tokens=False))
+            return ids[1:] if added > 0 else ids
+        return ids
 
     def chat_ids(
         self,

@@ -1,20 +1,37 @@
-"""Role prefixes and suffixes, derived from a model's Jinja chat template.
+"""A model's Jinja chat template, rendered the way transformers' `apply_chat_template` does.
 
-`s += plait.user("hi")` appends `prefix("user") + "hi" + suffix("user")`; the strings come
-from rendering the model's own template around a placeholder, so any template that renders
-messages one after another (ChatML, Llama 3, Mistral, ...) works.
+Role text is not a fixed prefix and suffix per role: templates add a default system prompt
+when the first message is not a system one (SmolLM2, Qwen2.5), a date header (Llama 3), fold
+the system prompt into a user turn (Gemma 3, Mistral), or render a turn differently once
+another follows (Qwen3's think blocks). So a program's roles are rendered by running the
+template over the conversation so far (`plait.transcript.Transcript` keeps the text in step):
+
+- opening an assistant turn appends the template's generation prompt (what the OpenAI
+  endpoint feeds the model: `apply_chat_template(messages, add_generation_prompt=True)`);
+- opening another role renders the conversation plus that message around a placeholder and
+  takes the text before it;
+- closing a role renders the conversation with the finished message.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
 
+from jinja2 import nodes
 from jinja2.exceptions import TemplateError
+from jinja2.ext import Extension, loopcontrols
+from jinja2.parser import Parser
+from jinja2.runtime import Macro
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from plait.ir import ROLES
+Message = Mapping[str, Any]
 
 PLACEHOLDER = "\x00plait-content\x00"
+# The tokenizer attributes transformers passes to a template (absent ones stay undefined).
+SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token")
 CHATML = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
@@ -23,45 +40,82 @@ CHATML = (
 )
 
 
-@dataclass(frozen=True)
 class ChatTemplate:
-    """Text around each role's content; `assistant_stop` ends an assistant turn."""
+    """A compiled chat template with the values it renders with (special tokens, kwargs)."""
 
-    prefixes: dict[str, str]
-    suffixes: dict[str, str]
-    source: str
-
-    def prefix(self, role: str) -> str:
-        return self.prefixes[role]
-
-    def suffix(self, role: str) -> str:
-        return self.suffixes[role]
+    def __init__(self, source: str | None = None, variables: Mapping[str, Any] | None = None):
+        self.source = source or CHATML
+        self.variables = {k: v for k, v in (variables or {}).items() if v is not None}
+        self._compiled = _environment().from_string(self.source)
 
     @classmethod
-    def from_jinja(cls, template: str | None, **special: str) -> ChatTemplate:
-        """Split the template's rendering of one message per role around a placeholder."""
-        source = template or CHATML
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = _raise
-        compiled = env.from_string(source)
+    def from_jinja(cls, template: str | None, **variables: Any) -> ChatTemplate:
+        """`template` (None: ChatML) rendered with `variables` (bos_token, eos_token, ...;
+        None values are left undefined, as transformers leaves absent special tokens)."""
+        return cls(template, variables)
 
-        def render(messages: list[dict[str, str]]) -> str:
-            return compiled.render(messages=messages, add_generation_prompt=False, **special)
+    def render(self, messages: Sequence[Message], *, add_generation_prompt: bool = False) -> str:
+        """What `apply_chat_template(messages, tokenize=False, ...)` returns."""
+        return self._compiled.render(
+            messages=[dict(m) for m in messages],
+            add_generation_prompt=add_generation_prompt,
+            **self.variables,
+        )
 
-        first = {"role": "system", "content": "x"}
-        base = render([first])
-        prefixes, suffixes = {}, {}
-        for role in ROLES:
-            # after a system message, so per-conversation headers (BOS, default system
-            # prompts) are not repeated in every turn
-            message = {"role": role, "content": PLACEHOLDER}
-            text = render([message]) if role == "system" else render([first, message])
-            if role != "system" and text.startswith(base):
-                text = text[len(base) :]
-            if PLACEHOLDER not in text:
-                raise ValueError(f"chat template does not render a {role!r} message's content")
-            prefixes[role], suffixes[role] = text.split(PLACEHOLDER, 1)
-        return cls(prefixes, suffixes, source)
+    def opened(self, messages: Sequence[Message], role: str) -> str:
+        """The conversation `messages` followed by an opened `role` message with no content
+        yet: the generation prompt for an assistant turn, else the text the template puts
+        before that message's content (the conversation alone if it does not show it)."""
+        if role == "assistant":
+            return self.render(messages, add_generation_prompt=True)
+        text = self.render([*messages, {"role": role, "content": PLACEHOLDER}])
+        if PLACEHOLDER in text:
+            return text.split(PLACEHOLDER, 1)[0]
+        return self.render(messages) if messages else ""
+
+
+class _Generation(Extension):
+    """`{% generation %}...{% endgeneration %}` (transformers' assistant-mask blocks): the
+    body renders as it is."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Parser) -> nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        call = self.call_method("_body")
+        return nodes.CallBlock(call, [], [], body).set_lineno(lineno)
+
+    def _body(self, caller: Macro) -> str:
+        return str(caller())
+
+
+def _environment() -> ImmutableSandboxedEnvironment:
+    """The Jinja settings and helpers transformers gives chat templates."""
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_Generation, loopcontrols]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = _strftime_now
+    return env
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    """JSON without HTML escaping (Jinja's own `tojson` escapes <, >, &, ')."""
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
 
 
 def _raise(message: str) -> None:

@@ -112,7 +112,8 @@ def select(
 
 
 def _role(role: str, expr: NodeLike) -> Concat:
-    return Concat((RoleBegin(role), as_node(expr), RoleEnd(role)))
+    where = caller_location(3)
+    return Concat((RoleBegin(role, where), as_node(expr), RoleEnd(role, where)))
 
 
 def system(expr: NodeLike = "") -> Concat:

@@ -15,6 +15,7 @@ from typing import Any
 
 from plait.clients.base import Backend
 from plait.ir import Gen, Node, RoleBegin, RoleEnd, Select, Text, Where
+from plait.transcript import Change, Transcript
 
 TextEvent = tuple[str | None, str | None]  # (variable or None, text); (None, None) = finished
 Listener = Callable[[TextEvent], None]
@@ -28,11 +29,9 @@ class ProgramError(RuntimeError):
 class Snapshot:
     """A state's contents at a fork point."""
 
-    text: str
+    transcript: Transcript
     variables: dict[str, Any]
     meta: dict[str, Any]
-    messages: list[dict[str, str]]
-    roles: list[tuple[str, int]]
 
 
 @dataclass(frozen=True)
@@ -61,11 +60,9 @@ class StateExecutor:
         parent: asyncio.Future[Snapshot] | None = None,
     ) -> None:
         self.backend, self.defaults, self.stream = backend, defaults, stream
-        self.text = ""
+        self.transcript = Transcript()
         self.variables: dict[str, Any] = {}
         self.meta: dict[str, Any] = {}
-        self.messages: list[dict[str, str]] = []
-        self.roles: list[tuple[str, int]] = []
         self.error: BaseException | None = None
         self.listeners: list[Listener] = []
         self.events: list[TextEvent] = []  # every text event so far, for late listeners
@@ -74,6 +71,14 @@ class StateExecutor:
         self._closed = False
         self.finished = asyncio.Event()
         self.task = asyncio.get_running_loop().create_task(self._run(parent))
+
+    @property
+    def text(self) -> str:
+        return self.transcript.text
+
+    @property
+    def messages(self) -> list[dict[str, str]]:
+        return self.transcript.messages
 
     # --- called from program bodies (on the loop thread) ------------------------------
     def submit(self, node: Node) -> None:
@@ -144,10 +149,9 @@ class StateExecutor:
         elif isinstance(node, Select):
             await self._select(node)
         elif isinstance(node, RoleBegin):
-            self._append(self.backend.chat_template.prefix(node.role), None)
-            self.roles.append((node.role, len(self.text)))
+            self._changed(self.transcript.open_role(node.role, self.backend.chat_template))
         elif isinstance(node, RoleEnd):
-            self._end_role(node.role)
+            self._changed(self.transcript.close_role(node.role, self.backend.chat_template))
         elif isinstance(node, ForkPoint):
             if self.text:
                 await self.backend.cache_prefix(self.text)
@@ -174,13 +178,6 @@ class StateExecutor:
         if node.name is not None:
             self._set(node.name, node.choices[index], meta)
 
-    def _end_role(self, role: str) -> None:
-        if not self.roles or self.roles[-1][0] != role:
-            raise ProgramError(f"role {role!r} ended but {self.roles[-1:]} is open")
-        _, start = self.roles.pop()
-        self.messages.append({"role": role, "content": self.text[start:]})
-        self._append(self.backend.chat_template.suffix(role), None)
-
     async def _join(self, branches: tuple[StateExecutor, ...]) -> None:
         for branch in branches:
             branch.close()
@@ -200,9 +197,15 @@ class StateExecutor:
 
     # --- state changes ----------------------------------------------------------------
     def _append(self, text: str, var: str | None, *, emit: bool = True) -> None:
-        self.text += text
+        self.transcript.append(text)
         if emit:
             self._emit(var, text)
+
+    def _changed(self, change: Change) -> None:
+        """Role text from the chat template: appended, or (a template that renders earlier
+        turns anew) a rewrite of the text's end, of which listeners see the new part."""
+        if change.added:
+            self._emit(None, change.added)
 
     def _emit(self, var: str | None, text: str) -> None:
         self.events.append((var, text))
@@ -241,13 +244,11 @@ class StateExecutor:
             listener((None, None))
 
     def _snapshot(self) -> Snapshot:
-        return Snapshot(
-            self.text, dict(self.variables), dict(self.meta), list(self.messages), list(self.roles)
-        )
+        return Snapshot(self.transcript.copy(), dict(self.variables), dict(self.meta))
 
     def _restore(self, snap: Snapshot) -> None:
-        self.text, self.variables, self.meta = snap.text, dict(snap.variables), dict(snap.meta)
-        self.messages, self.roles = list(snap.messages), list(snap.roles)
+        self.transcript = snap.transcript.copy()
+        self.variables, self.meta = dict(snap.variables), dict(snap.meta)
 
 
 def parse_value(text: str, dtype: Any, reason: dict[str, Any]) -> Any:

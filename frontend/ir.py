@@ -73,12 +73,16 @@ class Select(Node):
 
 @dataclass(frozen=True)
 class RoleBegin(Node):
+    """Opens a `role` message: the chat template renders the conversation so far."""
+
     role: str
+    where: Where | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
 class RoleEnd(Node):
     role: str
+    where: Where | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

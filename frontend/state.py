@@ -13,7 +13,7 @@ from typing import Any
 
 from plait.greenlets import await_in_program, in_program
 from plait.interpreter import JoinPoint, ProgramError, StateExecutor, TextEvent
-from plait.ir import NodeLike, RoleBegin, RoleEnd, flatten
+from plait.ir import NodeLike, RoleBegin, RoleEnd, caller_location, flatten
 
 
 class ProgramState:
@@ -38,9 +38,10 @@ class ProgramState:
 
     @contextmanager
     def _role(self, role: str) -> Iterator[None]:
-        self._exec.submit(RoleBegin(role))
+        where = caller_location(3)
+        self._exec.submit(RoleBegin(role, where))
         yield
-        self._exec.submit(RoleEnd(role))
+        self._exec.submit(RoleEnd(role, where))
 
     def system(self) -> Any:
         """`with s.system(): s += ...` — a system message."""

@@ -11,6 +11,7 @@ from typing import Any
 
 from plait.chat_template import ChatTemplate
 from plait.ir import Gen, Node, NodeLike, RoleBegin, RoleEnd, Select, Text, flatten
+from plait.transcript import Transcript
 
 MIN_SHARED_PREFIX_CHARS = 32
 
@@ -71,18 +72,19 @@ def trace(func: Callable[..., Any], kwargs: dict[str, Any]) -> list[Node]:
 
 
 def leading_text(nodes: list[Node], template: ChatTemplate) -> str:
-    """The text a program writes before its first gen, select or fork."""
-    parts: list[str] = []
+    """The text a program writes before its first gen, select or fork (its roles rendered
+    by `template` as a run renders them)."""
+    transcript = Transcript()
     for node in nodes:
         if isinstance(node, Text):
-            parts.append(node.value)
+            transcript.append(node.value)
         elif isinstance(node, RoleBegin):
-            parts.append(template.prefix(node.role))
+            transcript.open_role(node.role, template)
         elif isinstance(node, RoleEnd):
-            parts.append(template.suffix(node.role))
+            transcript.close_role(node.role, template)
         elif isinstance(node, (Gen, Select, Fork)):
             break
-    return "".join(parts)
+    return transcript.text
 
 
 def shared_prefix(texts: list[str]) -> str:

@@ -8,6 +8,7 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from collections.abc import Iterator  # noqa: E402
+from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -25,6 +26,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def smollm2_engine() -> Iterator[Any]:
+    """The real model (SmolLM2-135M-Instruct, float32), loaded once for the real-model tier."""
+    from plait.backend.engine import Engine
+
+    with Engine("smollm2-135m", dtype="float32", kv_tokens=8192, check_integrity=True) as eng:
+        yield eng
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,9 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks` lives at the root
+# `benchmarks` lives at the root; appended, so that the root's kernels/ does not shadow the
+# installed `kernels` package that transformers imports when it loads a model
+sys.path.append(str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.workloads import NAMES, load  # noqa: E402
 from benchmarks.workloads.harness import (  # noqa: E402

@@ -1,4 +1,5 @@
-"""Every example runs on the default model and produces what it promises."""
+"""Every example runs and produces what it promises: those that need real answers on
+SmolLM2-135M-Instruct (the real-model tier), the others on the default model."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 
 import plait
 from helpers import TEST_KV_TOKENS
+from plait.backend.engine import Engine
 from plait.runtime import Runtime
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -34,10 +36,18 @@ def default_backend() -> Iterator[None]:
         plait.set_default_backend(None)
 
 
-def test_multi_turn_chat() -> None:
-    state = load("multi_turn_chat").main()
+@pytest.fixture(scope="module")
+def smollm2(smollm2_engine: Engine) -> plait.LocalBackend:
+    """The examples that need real answers run on SmolLM2-135M-Instruct."""
+    return plait.LocalBackend(engine=smollm2_engine)
+
+
+@pytest.mark.real_model
+def test_multi_turn_chat(smollm2: plait.LocalBackend) -> None:
+    state = load("multi_turn_chat").main(smollm2)
     roles = [m["role"] for m in state.messages()]
     assert roles == ["system"] + ["user", "assistant"] * 3
+    assert "Paris" in state["answer_0"] and "Louvre" in state["answer_2"]
     cached = [state.meta(f"answer_{i}")["usage"]["cached_tokens"] for i in range(3)]
     assert cached[1] > 0 and cached[2] > cached[1]  # each turn reuses the conversation so far
 
@@ -50,34 +60,31 @@ def test_parallel_tips() -> None:
         assert f"{i + 1}. {topic}: " in state.text()
 
 
-def test_few_shot() -> None:
+@pytest.mark.real_model
+def test_few_shot(smollm2: plait.LocalBackend) -> None:
     module = load("few_shot")
-    states = module.main()
-    assert len(states) == len(module.REVIEWS)
-    assert {s["label"] for s in states} <= {"positive", "negative", "neutral"}
+    reviews = module.REVIEWS[:4]
+    states = module.main(smollm2, reviews)
+    assert [s["label"] for s in states] == [label for _, label in reviews]
     prefix_tokens = min(min(s.meta("label")["cached_tokens"]) for s in states)
-    assert prefix_tokens > 100  # the five shots were prefilled once and reused
+    assert prefix_tokens > 50  # the shots were prefilled once and reused
 
 
-def test_json_extraction() -> None:
+@pytest.mark.real_model
+def test_json_extraction(smollm2: plait.LocalBackend) -> None:
     module = load("json_extraction")
-    states = module.main()
-    assert len(states) == 50
-    assert all(isinstance(s["person"], module.Person) for s in states)
+    states = module.main(smollm2, n=6)
+    assert [s["person"] for s in states] == module.people(6)
 
 
-def test_agent_react() -> None:
+@pytest.mark.real_model
+def test_agent_react(smollm2: plait.LocalBackend) -> None:
     module = load("agent_react")
-    state = module.react.run(question="What is 2 + 2?", temperature=0.9, seed=4)
-    steps = [k for k in state.variables() if k.startswith("action_")]
-    assert steps, "the agent took no step"
-    for key in steps:
-        action = state[key]
-        assert action in (*module.TOOLS, "finish")
-        step = key.split("_")[1]
-        if action != "finish":
-            assert re.fullmatch(module.TOOLS[action][1], state[f"input_{step}"])
-    assert "Final answer: " in state.text()
+    states = module.main(smollm2)
+    assert [s["answer"] for s in states] == ["84", "14 million"]
+    for state, tool in zip(states, ["calculator", "lookup"], strict=True):
+        assert state["action_0"] == tool and state["action_1"] == "finish"
+        assert re.fullmatch(module.TOOLS[tool][1], state["input_0"])
 
 
 def test_tool_calling(plait_server: Runtime) -> None:

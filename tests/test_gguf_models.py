@@ -84,7 +84,8 @@ def test_a_gguf_path_works_wherever_a_model_name_does(tmp_path: Path) -> None:
     assert resolve_model_path(str(path)) == path
     backend = LocalBackend(str(path), kv_tokens=1024)
     try:
-        assert backend.chat_template.prefix("user") == "<|im_start|>user\n"
+        user = [{"role": "user", "content": "hi"}]
+        assert backend.chat_template.render(user) == "<|im_start|>user\nhi<|im_end|>\n"
         out = backend.engine.generate("the", {"max_new_tokens": 4, "temperature": 0.0})
         assert len(out["output_ids"]) == 4
     finally:

@@ -7,7 +7,7 @@ takes about a minute on two cores.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
 from pathlib import Path
 from typing import Any
 
@@ -16,16 +16,19 @@ import torch
 from tokenizers import Tokenizer, pre_tokenizers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
+import plait
 from helpers import assert_hf_greedy, forward_logits
 from plait.backend.builtin_models import resolve_model_path
 from plait.backend.config import EngineConfig
 from plait.backend.engine import Engine
 from plait.backend.loader import load_tokenizer
 from plait.backend.model_runner import ModelRunner
+from plait.demo import run_all
 
 pytestmark = pytest.mark.real_model
 
 MODEL = "smollm2-135m"
+TEMPLATES = Path(__file__).parent / "data" / "chat_templates"
 NEW_TOKENS = 64
 # Largest |plait - transformers| logit measured over 4 prompts' prefill and 8 paged decode
 # steps, float32 both: 1.06e-4 with every weight de-quantized ("none"), 1.9e-2 with the
@@ -96,9 +99,8 @@ def prompt_ids(tokenizer: PreTrainedTokenizerBase) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def engine() -> Iterator[Engine]:
-    with Engine(MODEL, dtype="float32", kv_tokens=8192, check_integrity=True) as eng:
-        yield eng
+def engine(smollm2_engine: Engine) -> Engine:
+    return smollm2_engine
 
 
 def test_greedy_tokens_match_transformers_alone_then_batched(
@@ -201,3 +203,39 @@ def test_engine_answers_through_the_chat_template(engine: Engine) -> None:
     out = engine.generate(text, {"max_new_tokens": 24, "temperature": 0.0})
     assert "Paris" in out["text"], out["text"]
     assert out["finish_reason"]["type"] == "stop", out["finish_reason"]
+
+
+def test_program_prompts_are_the_chat_templates(
+    engine: Engine, hf_tokenizer: PreTrainedTokenizerBase
+) -> None:
+    """A program's roles on SmolLM2 render like transformers' apply_chat_template of the same
+    conversation (its default system prompt included), to the tokens the OpenAI endpoint
+    builds; the template is the one kept in tests/data."""
+    config = json.loads((TEMPLATES / "smollm2-135m-instruct.json").read_text())
+    assert engine.tokenizer.chat_template == config["chat_template"]
+
+    @plait.program
+    def ask(s: plait.ProgramState, turns: list[dict[str, str]]) -> None:
+        for turn in turns:
+            role = {"system": plait.system, "user": plait.user}[turn["role"]]
+            s += role(turn["content"])
+        s += plait.assistant(plait.gen("reply", max_tokens=1))
+
+    backend = plait.LocalBackend(engine=engine)
+    for messages in CONVERSATIONS[:2]:
+        state = ask.run(turns=messages, backend=backend, temperature=0)
+        prompt = hf_tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
+        assert state.text().startswith(prompt + state["reply"])
+        assert state.text() == hf_tokenizer.apply_chat_template(state.messages(), tokenize=False)
+        ids = engine.tokenizer_manager.chat_ids(messages)
+        assert state.meta("reply")["usage"]["prompt_tokens"] == len(ids)
+
+
+def test_the_demo_answers_right(engine: Engine) -> None:
+    """`make demo`'s programs (greedy) give the expected answers, with cache hits."""
+    shown = run_all(plait.LocalBackend(engine=engine))
+    for one in shown:
+        assert all(one.right()), one.report()
+        assert one.cached > 0, one.report()

@@ -27,7 +27,7 @@ class Backend(ABC):
     @property
     @abstractmethod
     def chat_template(self) -> ChatTemplate:
-        """Role prefixes and suffixes of the model's chat template."""
+        """The model's chat template, which renders the program's role messages."""
 
     @abstractmethod
     async def generate(

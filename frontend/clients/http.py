@@ -7,7 +7,7 @@ from typing import Any
 
 import httpx
 
-from plait.chat_template import ChatTemplate
+from plait.chat_template import SPECIAL_TOKENS, ChatTemplate
 from plait.clients.base import Backend, ChoiceLogprobs, GenOutput, OnText
 from plait.clients.transport import HttpError, LoopClients, check
 
@@ -17,19 +17,26 @@ TOP_LEVEL = ("return_logprob", "logprob_start_len", "top_logprobs_num")
 
 
 class HttpBackend(Backend):
-    """Speaks the native `/generate` protocol (SGLang's request/response format)."""
+    """Speaks the native `/generate` protocol (SGLang's request/response format); roles are
+    rendered with the server's chat template (from `/get_model_info`)."""
 
-    def __init__(self, url: str, *, api_key: str | None = None, timeout: float = 600.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        api_key: str | None = None,
+        timeout: float = 600.0,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> None:
         self.url = url.rstrip("/")
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.timeout = timeout
         info = httpx.get(f"{self.url}/get_model_info", headers=self.headers, timeout=timeout)
         check(info)
         self.model_info: dict[str, Any] = info.json()
+        tokens = {name: self.model_info.get(name) for name in SPECIAL_TOKENS}
         self._template = ChatTemplate.from_jinja(
-            self.model_info.get("chat_template"),
-            bos_token=self.model_info.get("bos_token") or "",
-            eos_token=self.model_info.get("eos_token") or "",
+            self.model_info.get("chat_template"), **tokens, **(chat_template_kwargs or {})
         )
         self._http = LoopClients(headers=self.headers, timeout=timeout)
 

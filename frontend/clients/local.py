@@ -6,23 +6,29 @@ from collections.abc import Sequence
 from typing import Any
 
 from plait.backend.engine import Engine
-from plait.chat_template import ChatTemplate
+from plait.chat_template import SPECIAL_TOKENS, ChatTemplate
 from plait.clients.base import Backend, ChoiceLogprobs, GenOutput, OnText
 
 
 class LocalBackend(Backend):
-    """An `Engine` in this process; `engine_config` are `EngineConfig` fields."""
+    """An `Engine` in this process; `engine_config` are `EngineConfig` fields;
+    `chat_template_kwargs` are extra values for the chat template (e.g. Qwen3's
+    `enable_thinking`)."""
 
     def __init__(
-        self, model: str | None = None, *, engine: Engine | None = None, **engine_config: Any
+        self,
+        model: str | None = None,
+        *,
+        engine: Engine | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        **engine_config: Any,
     ):
         self.engine = engine or Engine(model, **engine_config)
         self._owns_engine = engine is None
         tok = self.engine.tokenizer
+        tokens = {name: getattr(tok, name, None) for name in SPECIAL_TOKENS}
         self._template = ChatTemplate.from_jinja(
-            getattr(tok, "chat_template", None),
-            bos_token=tok.bos_token or "",
-            eos_token=tok.eos_token or "",
+            getattr(tok, "chat_template", None), **tokens, **(chat_template_kwargs or {})
         )
         self._bos = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
 
@@ -50,7 +56,7 @@ class LocalBackend(Backend):
         self, prefix: str, choices: Sequence[str], *, unconditional: bool = False
     ) -> list[ChoiceLogprobs]:
         tok = self.engine.tokenizer
-        prefix_ids = list(tok.encode(prefix, add_special_tokens=True))
+        prefix_ids = self.engine.tokenizer_manager.encode(prefix)
         choice_ids = [list(tok.encode(c, add_special_tokens=False)) for c in choices]
         cond = await self._logprobs([prefix_ids + c for c in choice_ids], len(prefix_ids))
         uncond: list[list[float] | None] = [None] * len(choices)
