@@ -18,19 +18,19 @@ demo: $(STAMP)
 	$(BIN)/python -m plait.demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check frontend backend kernels tests examples benchmarks
-	$(BIN)/ruff format --check frontend backend kernels tests examples benchmarks
+	$(BIN)/ruff check frontend backend plait_kernels tests examples benchmarks
+	$(BIN)/ruff format --check frontend backend plait_kernels tests examples benchmarks
 
 # mypy sees the import layout (plait, plait.backend, plait.kernels) through a link farm.
 typecheck: $(STAMP)
 	rm -rf .typecheck && mkdir -p .typecheck/plait
 	ln -s $(CURDIR)/frontend/* .typecheck/plait/
 	ln -s $(CURDIR)/backend .typecheck/plait/backend
-	ln -s $(CURDIR)/kernels .typecheck/plait/kernels
+	ln -s $(CURDIR)/plait_kernels .typecheck/plait/kernels
 	$(BIN)/mypy -p plait
 
 pytest: $(STAMP)
-	$(BIN)/pytest -q -ra --durations=15  # not `python -m`: the repository root on sys.path would let kernels/ shadow the `kernels` package transformers imports
+	$(BIN)/pytest -q -ra --durations=15
 
 test: lint typecheck pytest
 

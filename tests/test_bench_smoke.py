@@ -13,8 +13,7 @@ from typing import Any
 
 import pytest
 
-# `benchmarks` lives at the root; appended, so that the root's kernels/ does not shadow the
-# installed `kernels` package that transformers imports when it loads a model
+# `benchmarks` lives at the root
 sys.path.append(str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.workloads import NAMES, load  # noqa: E402

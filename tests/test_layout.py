@@ -10,7 +10,7 @@ GRAMMAR_IMPORT = re.compile(r"^\s*(?:from|import)\s+plait\.backend\.grammar(\.\S
 
 
 def production_modules() -> list[Path]:
-    folders = ("frontend", "backend", "kernels")
+    folders = ("frontend", "backend", "plait_kernels")
     return [p for folder in folders for p in (ROOT / folder).rglob("*.py")]
 
 

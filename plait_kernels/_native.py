@@ -1,6 +1,6 @@
 """Small C kernels for the CPU path, compiled at first use and called through ctypes.
 
-The sources live in ``kernels/csrc``. Each is built once per machine with the system C compiler
+The sources live in ``csrc`` beside this file. Each is built once per machine with the C compiler
 (``$CC``, else ``cc``; Triton needs one too) into ``$PLAIT_CACHE_DIR`` (default
 ``~/.cache/plait``), named by a hash of the source and flags so an edit rebuilds it. Builds write
 a temporary file and rename it, so processes starting together do not see half-written files.
