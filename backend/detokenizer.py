@@ -67,7 +67,7 @@ class Detokenizer:
         if out.finish is not None:
             self.forget(out.rid)
             trim = out.finish.trim_chars
-            text = state.text[: len(state.text) - trim] if trim else state.text
+            text = state.text[: max(len(state.text) - trim, 0)] if trim else state.text
             return text[state.emitted :]
         visible = len(state.text) - opts.hold_chars
         delta = state.text[state.emitted : max(visible, state.emitted)]

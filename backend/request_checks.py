@@ -19,6 +19,13 @@ class RequestError(ValueError):
         super().__init__(message)
         self.field = field
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _rebuild_error, (type(self), str(self), self.field)
+
+
+def _rebuild_error(kind: type[RequestError], message: str, field: str | None) -> RequestError:
+    return kind(message, field=field)
+
 
 @dataclass(frozen=True)
 class Prompts:

@@ -25,6 +25,7 @@ from pydantic import (
     StrictBool,
     StrictInt,
     StrictStr,
+    TypeAdapter,
     ValidationError,
     field_validator,
     model_validator,
@@ -38,6 +39,7 @@ MAX_TOKENS = 2**31 - 1
 MAX_N = 64
 MAX_TOP_LOGPROBS = 20
 MAX_SEED = 2**63 - 1
+MIN_SEED = -(2**63)
 MAX_TEMPERATURE = 1000.0
 MAX_REPETITION_PENALTY = 100.0
 MAX_STOPS = 64
@@ -121,7 +123,9 @@ class SamplingParams(BaseModel):
     no_stop_trim: Annotated[StrictBool, _same("no_stop_trim")] = False
     ignore_eos: Annotated[StrictBool, _same("ignore_eos")] = False
     skip_special_tokens: Annotated[StrictBool, _same("skip_special_tokens")] = True
-    seed: Annotated[StrictInt | None, Field(ge=0, le=MAX_SEED), _same("seed", standard=True)] = None
+    seed: Annotated[
+        StrictInt | None, Field(ge=MIN_SEED, le=MAX_SEED), _same("seed", standard=True)
+    ] = None
     n: Annotated[StrictInt, Field(ge=1, le=MAX_N), Wire(None, "n")] = 1
     return_logprob: Annotated[StrictBool, Wire("return_logprobs", None)] = False
     top_logprobs_num: Annotated[
@@ -174,19 +178,29 @@ class SamplingParams(BaseModel):
     # --- construction -----------------------------------------------------------------
     @classmethod
     def from_dict(
-        cls, data: Mapping[str, Any] | None, *, names: Mapping[str, str] | None = None
+        cls,
+        data: Mapping[str, Any] | None,
+        *,
+        names: Mapping[str, str] | None = None,
+        lax: bool = False,
     ) -> SamplingParams:
         """Build from a JSON-like dict; an unknown field, a wrong type or a value out of
         range raises `SamplingError` naming the field, as `names` spells it (engine field ->
-        the caller's name, e.g. max_new_tokens -> max_tokens on the OpenAI endpoints)."""
+        the caller's name, e.g. max_new_tokens -> max_tokens on the OpenAI endpoints).
+        `lax` first converts scalars the way OpenAI-compatible servers do (3.0 -> 3 for an
+        integer, "0.5" -> 0.5, 1 -> True); the ranges are the same either way."""
+        values = dict(data or {})
+        if lax:
+            values = {k: _lax_scalar(k, v) for k, v in values.items()}
         try:
-            return cls.model_validate(dict(data or {}))
+            return cls.model_validate(values)
         except ValidationError as exc:
             raise SamplingError.of(exc, names or {}) from None
 
     def replace(self, **changes: Any) -> SamplingParams:
-        """A copy with `changes` (trusted values: not validated again)."""
-        return self.model_copy(update=changes)
+        """A copy with `changes`, validated like any new request (a bad value raises
+        SamplingError naming the field)."""
+        return type(self).from_dict({**self.__dict__, **changes})
 
     def check_vocab(self, *, vocab_size: int) -> None:
         """Raise ValueError naming the first field with a token id outside the model's
@@ -281,10 +295,31 @@ def bias_pairs(value: Any) -> list[tuple[Any, Any]]:
 def _token_key(key: Any) -> Any:
     if isinstance(key, str) and key.strip().lstrip("-").isdigit() and len(key) < 20:
         return int(key)
+    if not isinstance(key, int):
+        raise ValueError(f"token ids must be integers, got {key!r}")
     return key
 
 
+def _lax_scalar(name: str, value: Any) -> Any:
+    """`value` converted to the plain type of field `name` (int, float or bool) when pydantic's
+    lax mode would convert it; anything else unchanged (strict validation then reports it)."""
+    kind = _SCALARS.get(name)
+    if kind is None or value is None:
+        return value
+    try:
+        return kind.validate_python(value)
+    except ValidationError:
+        return value
+
+
 # --- derived from the declarations above ---------------------------------------------------
+_SCALARS: Mapping[str, TypeAdapter[Any]] = MappingProxyType(
+    {
+        name: TypeAdapter(kind)
+        for name, info in SamplingParams.model_fields.items()
+        if (kind := info.annotation) is not None and kind in (int, float, bool, int | None)
+    }
+)
 WIRE: Mapping[str, Wire] = MappingProxyType(
     {
         name: next(m for m in info.metadata if isinstance(m, Wire))

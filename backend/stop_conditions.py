@@ -4,9 +4,10 @@ A request stops at the first place its output text contains one of its `stop` st
 match of one of its `stop_regex` patterns (`re.search`; `^` and `\\A` mean the start of the
 output). After every token the scheduler checks a `Tail` of the output: enough decoded tokens
 to hold any new match, after some tokens of context so that lookbehinds and `\\b` see what
-precedes it. The detokenizer cuts the final text at the first stop in the whole text (before
-it; `no_stop_trim` keeps the text whole) and, while streaming, holds back the characters a stop
-could still begin in.
+precedes it, decoded with the request's `skip_special_tokens` (so with False a stop can match
+the text of a special token). The scheduler records where the match starts
+(`FinishReason.trim_chars`); the detokenizer cuts the final text there (`no_stop_trim` keeps
+it whole) and, while streaming, holds back the characters a stop could still begin in.
 
 Patterns are validated up front (they must compile and must not match the empty string) and
 matched with the `regex` package, which avoids most catastrophic backtracking (`(a+)+b`,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from plait.backend.sampling_params import GEN_OPTIONS, SamplingParams
@@ -66,7 +66,15 @@ def gen_params(
     if unknown:
         known = ", ".join(sorted(allowed))
         raise TypeError(f"unknown option(s) {unknown}; plait takes: {known}")
-    return {allowed[k]: v for k, v in options.items() if v is not None}
+    return {allowed[k]: _materialized(v) for k, v in options.items() if v is not None}
+
+
+def _materialized(value: Any) -> Any:
+    """A list for an iterable option given as a generator or other one-shot iterable (it
+    is read when the gen is checked and again when it runs); other values unchanged."""
+    if isinstance(value, (str, bytes, Mapping, type, list, tuple)):
+        return value
+    return list(value) if isinstance(value, Iterable) else value
 
 
 def _gen_signature() -> inspect.Signature:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import pickle
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,7 +26,8 @@ HOSTILE = [
     ({"top_k": 2**70}, "top_k"),
     ({"seed": 2**64}, "seed"),
     ({"seed": MAX_SEED, "n": 2}, "seed"),
-    ({"seed": -1}, "seed"),
+    ({"seed": -(2**63) - 1}, "seed"),
+    ({"logit_bias": [[[1], 5.0]]}, "logit_bias"),  # an unhashable key: a 400, not a 500
     ({"temperature": 1e308}, "temperature"),
     ({"temperature": float("inf")}, "temperature"),
     ({"top_p": float("nan")}, "top_p"),
@@ -58,9 +60,37 @@ def test_errors_are_spelled_the_callers_way() -> None:
         SamplingParams.from_dict({"bogus": 1})
 
 
-def test_the_largest_seeds_still_work() -> None:
+def test_the_largest_seeds_and_negative_ones_still_work() -> None:
     params = SamplingParams.from_dict({"seed": MAX_SEED - 1, "n": 2})
     assert params.seed == MAX_SEED - 1
+    assert SamplingParams.from_dict({"seed": -1}).seed == -1  # some UIs send -1
+
+
+def test_replace_validates_like_a_new_request() -> None:
+    with pytest.raises(SamplingError, match="top_logprobs_num"):
+        SamplingParams().replace(return_logprob=True, top_logprobs_num=10**6)
+
+
+def test_lax_mode_converts_scalars_as_openai_servers_do() -> None:
+    loose = {"max_new_tokens": 3.0, "n": 2.0, "temperature": "0.5", "ignore_eos": 1}
+    params = SamplingParams.from_dict(loose, lax=True)
+    assert (params.max_new_tokens, params.n, params.temperature, params.ignore_eos) == (
+        3,
+        2,
+        0.5,
+        True,
+    )
+    with pytest.raises(SamplingError, match="max_new_tokens"):
+        SamplingParams.from_dict(loose)  # the native API and the Engine stay strict
+    with pytest.raises(SamplingError, match="max_new_tokens"):
+        SamplingParams.from_dict({"max_new_tokens": 2.5}, lax=True)  # no silent truncation
+
+
+def test_sampling_errors_survive_pickling() -> None:
+    with pytest.raises(SamplingError) as info:
+        SamplingParams.from_dict({"top_k": 2**70})
+    again = pickle.loads(pickle.dumps(info.value))
+    assert type(again) is SamplingError and again.field == "top_k" and str(again) == str(info.value)
 
 
 def test_gen_takes_every_per_request_option_by_its_gen_name() -> None:
@@ -80,6 +110,11 @@ def test_gen_takes_every_per_request_option_by_its_gen_name() -> None:
     engine_fields = set(SamplingParams.model_fields) - {"n"}  # n: fork, not gen
     assert set(GEN_OPTIONS.values()) == engine_fields
     assert set(inspect.signature(plait.gen).parameters) == {"name", "dtype", *GEN_OPTIONS}
+
+
+def test_gen_reads_one_shot_iterables_once() -> None:
+    node = plait.gen("x", choices=(c for c in ["yes", "no"]), stop=iter(["."]))
+    assert node.params["choices"] == ["yes", "no"] and node.params["stop"] == ["."]
 
 
 def test_gen_refuses_unknown_options_and_bad_values_where_it_is_called() -> None:

@@ -389,3 +389,29 @@ def test_plait_extension_fields_on_the_openai_endpoints(plait_server: Runtime) -
     assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"
     r = completion(plait_server.url, "JSON:", 64, response_format=fmt, any_whitespace=True)
     assert r.status_code == 200 and json.loads(r.json()["choices"][0]["text"])["a"] is not None
+
+
+def test_openai_fields_are_converted_as_openai_servers_do(plait_server: Runtime) -> None:
+    r = completion(plait_server.url, "x", 3.0, temperature="0", ignore_eos=1, n=2.0)  # type: ignore[arg-type]
+    assert r.status_code == 200, r.text
+    assert [c["index"] for c in r.json()["choices"]] == [0, 1]
+    assert r.json()["usage"]["completion_tokens"] == 6
+    bad = completion(plait_server.url, "x", 3, logit_bias=[[[1], 5]])  # unhashable key
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "logit_bias"
+
+
+def test_vllm_field_errors_name_the_field_as_sent(plait_server: Runtime) -> None:
+    r = completion(plait_server.url, "x", 3, guided_choice="abc")
+    assert r.status_code == 400 and r.json()["error"]["param"] == "guided_choice", r.text
+    r = completion(plait_server.url, "x", 3, structured_outputs={"choice": []})
+    assert r.json()["error"]["param"] == "structured_outputs.choice", r.text
+    r = completion(plait_server.url, "JSON:", 8, structured_outputs={"json": {}})
+    assert r.status_code == 200, r.text  # the empty schema: any JSON value
+    json.loads(r.json()["choices"][0]["text"])
+
+
+def test_a_chat_prompt_that_fills_the_context_is_a_400(plait_server: Runtime) -> None:
+    word = "hello " * 4200  # more tokens than plait-tiny's 4096-token context
+    body = {"model": MODEL, "messages": [{"role": "user", "content": word}]}
+    r = httpx.post(plait_server.url + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages", r.text

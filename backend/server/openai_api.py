@@ -14,7 +14,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from plait.backend.request_checks import prompt_batch
-from plait.backend.sampling_params import CONSTRAINT_FIELDS
+from plait.backend.sampling_params import CONSTRAINT_FIELDS, WIRE
 from plait.backend.server.openai_format import (
     chat_chunks,
     chat_response,
@@ -148,11 +148,14 @@ def check_model(ctx: ServerContext, model: str | None) -> None:
         )  # fmt: skip
 
 
-def sampling_fields(req: OpenAISampling) -> dict[str, Any]:
-    """The engine's fields of an OpenAI request: its sampling fields, plus the constraint
-    given through response_format or vLLM's fields (each constraint at most once)."""
-    fields = req.sampling()
-    for more in (format_fields(req.response_format), vllm_fields(req)):
+def sampling_fields(req: OpenAISampling) -> tuple[dict[str, Any], dict[str, str]]:
+    """The engine's fields of an OpenAI request (its sampling fields, plus the constraint
+    given through response_format or vLLM's fields, each constraint at most once), and how
+    the client spelled each one (for error messages)."""
+    fields, names = req.sampling(), dict(OPENAI_NAMES)
+    vllm, vllm_names = vllm_fields(req)
+    names.update(vllm_names)
+    for more in (format_fields(req.response_format), vllm):
         clash = sorted(k for k in more if fields.get(k) is not None)
         if clash:
             raise ApiError(
@@ -160,12 +163,14 @@ def sampling_fields(req: OpenAISampling) -> dict[str, Any]:
                 "response_format or through vLLM's fields)", param=clash[0],
             )  # fmt: skip
         fields.update(more)
-    return fields
+    return fields, names
 
 
-def vllm_fields(req: OpenAISampling) -> dict[str, Any]:
-    """vLLM's constraint fields (`guided_*`, or `structured_outputs`) -> plait's."""
+def vllm_fields(req: OpenAISampling) -> tuple[dict[str, Any], dict[str, str]]:
+    """vLLM's constraint fields (`guided_*`, or `structured_outputs`) -> plait's, and the
+    name each came under."""
     given = req.guided()
+    names = {field: f"guided_{WIRE[field].vllm}" for field in given}
     so = req.structured_outputs
     if so is not None:
         if given:
@@ -174,12 +179,13 @@ def vllm_fields(req: OpenAISampling) -> dict[str, Any]:
                 param="structured_outputs",
             )  # fmt: skip
         given = so.constraints()
+        names = {field: f"structured_outputs.{WIRE[field].vllm}" for field in given}
         if not given:
             raise ApiError(
                 400, "structured_outputs: needs one of json, regex, choice, grammar, "
                 "json_object, structural_tag", param="structured_outputs",
             )  # fmt: skip
-    return given  # dict schemas and tags become JSON text in SamplingParams
+    return given, names  # dict schemas and tags become JSON text in SamplingParams
 
 
 def format_fields(fmt: ResponseFormat | None) -> dict[str, Any]:
@@ -205,12 +211,12 @@ def completion_jobs(ctx: ServerContext, req: CompletionRequest) -> list[Job]:
     check_model(ctx, req.model)
     if req.suffix:
         raise ApiError(400, "suffix: not supported by plait", param="suffix")
-    fields = sampling_fields(req)
+    fields, names = sampling_fields(req)
     fields.setdefault("max_new_tokens", DEFAULT_COMPLETION_TOKENS)
     if req.logprobs is not None:
         start = 0 if req.echo else -1
         fields.update(return_logprob=True, top_logprobs_num=req.logprobs, logprob_start_len=start)
-    params = make_params(fields, names=OPENAI_NAMES)
+    params = make_params(fields, names=names, lax=True)
     if req.best_of not in (None, params.n):
         raise ApiError(400, "best_of: only best_of == n is supported", param="best_of")
     jobs = []
@@ -235,7 +241,7 @@ def chat_jobs(ctx: ServerContext, req: ChatCompletionRequest) -> list[Job]:
     if req.top_logprobs and not req.logprobs:
         raise ApiError(400, "top_logprobs: requires logprobs=true", param="top_logprobs")
     ids = render_chat(ctx, req.messages, plan, **(req.chat_template_kwargs or {}))
-    fields, names = sampling_fields(req), OPENAI_NAMES
+    fields, names = sampling_fields(req)
     if req.max_completion_tokens is not None:
         fields["max_new_tokens"] = req.max_completion_tokens
         names = {**names, "max_new_tokens": "max_completion_tokens"}
@@ -245,10 +251,16 @@ def chat_jobs(ctx: ServerContext, req: ChatCompletionRequest) -> list[Job]:
         fields["structural_tag"] = structural_tag(plan)
     if req.logprobs:
         fields.update(return_logprob=True, top_logprobs_num=req.top_logprobs or 0)
-    params = make_params(fields, names=names)
+    params = make_params(fields, names=names, lax=True)
     if "max_new_tokens" not in fields:  # the rest of the context
         room = min(ctx.context_len, ctx.engine.info.kv_tokens) - len(ids)
-        params = params.replace(max_new_tokens=max(0, room))
+        if room <= 0:
+            raise ApiError(
+                400, f"messages: the prompt has {len(ids)} tokens and leaves no room to "
+                f"generate (context {ctx.context_len}, KV pool {ctx.engine.info.kv_tokens})",
+                param="messages",
+            )  # fmt: skip
+        params = params.replace(max_new_tokens=room)
     field = names["max_new_tokens"]
     ctx.check_lengths(
         len(ids), max_new=params.max_new_tokens, prompt_field="messages", max_field=field

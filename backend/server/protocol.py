@@ -95,9 +95,10 @@ class StructuredOutputs(BaseModel):
     disable_additional_properties: bool = False  # strict mode, plait's default
 
     def constraints(self) -> dict[str, Any]:
-        """The constraints given, by engine field name."""
+        """The constraints given, by engine field name (an empty schema `{}` is one)."""
         given = self.model_dump(by_alias=True)
-        return {VLLM_FIELDS[k]: v for k, v in given.items() if k in VLLM_FIELDS and v}
+        picked = {k: v for k, v in given.items() if k in VLLM_FIELDS and v is not None}
+        return {VLLM_FIELDS[k]: v for k, v in picked.items() if v is not False}
 
 
 class OpenAISampling(BaseModel):

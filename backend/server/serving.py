@@ -87,13 +87,13 @@ def job_of(jobs: Sequence[Job]) -> list[Job]:
 
 # --- request checks -------------------------------------------------------------------
 def make_params(
-    fields: Mapping[str, Any], *, names: Mapping[str, str] | None = None
+    fields: Mapping[str, Any], *, names: Mapping[str, str] | None = None, lax: bool = False
 ) -> SamplingParams:
     """SamplingParams from engine-named fields (None values dropped); an invalid one raises
     a SamplingError, an HTTP 400 naming the field as the client spelled it (`names`: engine
-    name -> its name)."""
+    name -> its name). `lax`: scalars converted as OpenAI-compatible servers do."""
     given = {k: v for k, v in fields.items() if v is not None}
-    return SamplingParams.from_dict(given, names=names)
+    return SamplingParams.from_dict(given, names=names, lax=lax)
 
 
 def field_named(message: str) -> str | None:
