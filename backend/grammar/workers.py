@@ -5,8 +5,9 @@ no thread can interrupt, and schema rewriting and a regex's DFA are Python that 
 (a DFA of `a{10000}` takes most of a minute). So `build_grammar` runs in child processes
 (fresh interpreters running `worker_main`), each driven by one thread of the engine's process:
 
-- a job waits in one queue with a deadline (`grammar_timeout_s` from its submission,
-  queueing included), so a queued job times out like a running one;
+- a job waits in one queue with a deadline (`grammar_timeout_s` from its submission, or from
+  when its worker became ready if that was later: queueing behind other jobs counts, a
+  worker's start does not), so a queued job times out like a running one;
 - a thread hands the job to its worker and waits for the result until the deadline; past it,
   the worker is killed (SIGKILL), the job fails, and a new worker starts;
 - the worker sends the grammar back serialized (refused past `max_bytes`), and the thread
@@ -64,13 +65,17 @@ log = logging.getLogger("plait.grammar")
 
 @dataclass
 class CompileJob:
-    """One key to compile by `deadline` (time.monotonic); its future gets the result or a
-    GrammarError."""
+    """One key to compile within `timeout_s` of `submitted` (time.monotonic); its future gets
+    the result or a GrammarError."""
 
     key: GrammarKey
-    deadline: float
+    submitted: float
     timeout_s: float
     future: Future[CompiledConstraint] = field(default_factory=Future)
+
+    def deadline(self, worker: Worker) -> float:
+        """Its deadline on `worker`: waiting for a worker to start does not count."""
+        return max(self.submitted, worker.ready_at) + self.timeout_s
 
 
 class WorkerPool:
@@ -100,7 +105,7 @@ class WorkerPool:
 
     def submit(self, key: GrammarKey, *, timeout_s: float) -> CompileJob:
         self.start()
-        job = CompileJob(key, time.monotonic() + timeout_s, timeout_s)
+        job = CompileJob(key, time.monotonic(), timeout_s)
         self._jobs.put(job)
         return job
 
@@ -135,10 +140,10 @@ class WorkerPool:
                 if job is not None:
                     job.future.set_exception(GrammarError("the engine is shutting down"))
                 break
-            if time.monotonic() >= job.deadline:
-                job.future.set_exception(timed_out(job))
-            elif worker is None:
+            if worker is None:
                 job.future.set_exception(GrammarError("the grammar compiler could not start"))
+            elif time.monotonic() >= job.deadline(worker):
+                job.future.set_exception(timed_out(job))
             else:
                 worker = self._run(worker, job, compiler)
         if worker is not None:
@@ -203,6 +208,7 @@ class Worker:
         self.jobs = jobs
         self.results = results
         self.is_ready = False
+        self.ready_at = float("inf")
 
     def wait_ready(self, timeout: float) -> bool:
         """Wait for the worker's "ready" (it has imported plait and xgrammar)."""
@@ -210,6 +216,7 @@ class Worker:
             self.is_ready = self.results.poll(timeout) and self.results.recv() == ("ready",)
         except (EOFError, OSError):
             self.is_ready = False
+        self.ready_at = time.monotonic()
         return self.is_ready
 
     @classmethod
@@ -232,10 +239,11 @@ class Worker:
     def build(self, job: CompileJob) -> BuiltGrammar:
         """Send `job`, wait for its grammar until the deadline (WorkerLost past it)."""
         job_id = next(self._ids)
+        deadline = job.deadline(self)
         try:
             self.jobs.send((job_id, job.key))
             while True:
-                left = job.deadline - time.monotonic()
+                left = deadline - time.monotonic()
                 if left <= 0 or not self.results.poll(left):
                     raise WorkerLost(str(timed_out(job)))
                 reply = self.results.recv()

@@ -36,7 +36,9 @@ from plait.backend.grammar.workers import MAX_GRAMMAR_BYTES, CompileJob, WorkerP
 from plait.backend.req import INTERNAL_ERROR, FinishReason, Req
 from plait.kernels.bitmask import prepare_cpu_kernel
 
-TIMEOUT_GRACE_S = 5.0  # past the workers' own deadline, the scheduler gives up by itself
+# past the workers' own deadline (which a worker's start may push back), the scheduler gives
+# up by itself
+TIMEOUT_GRACE_S = 120.0
 
 
 log = logging.getLogger("plait.grammar")
