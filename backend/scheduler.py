@@ -25,11 +25,16 @@ from plait.backend.output_builder import OutputBuilder, ended
 from plait.backend.req import INTERNAL_ERROR, FinishReason, Req
 from plait.backend.sampler import Sampler
 from plait.backend.schedule_policy import AdmissionPlan, SchedulePolicy
-from plait.backend.step_results import StepMasks, StepResults, contained
+from plait.backend.step_results import (
+    SplitBudget,
+    StepMasks,
+    StepResults,
+    contained,
+    forward_inputs,
+)
 from plait.backend.tokenizer_utils import DecodeFn
 
 FUTURE_TOKENS_CLIP = 4096
-MAX_SPLIT_FORWARDS = 32  # forwards a step may spend finding the requests a failure is due to
 GRAMMAR_WAIT_S = 0.002
 SHARED_KEY_TOKENS = 32  # requests whose next uncached tokens match wait one step to share
 
@@ -100,20 +105,16 @@ class Scheduler:
             context_len=self.runner.context_len,
             pool_size=self.kv.kv_pool.size,
         )
+        if error is None and req.params.constraint is not None and self.grammar is None:
+            error = "constrained decoding is not available"
         if error is not None:
             req.finish(FinishReason("error", message=error))
             return [self.outputs.emit(req)]
-        if req.params.constraint is not None:
-            return self._add_constrained(req)
-        self.waiting.append(req)
-        return []
-
-    def _add_constrained(self, req: Req) -> list[ReqOutput]:
-        if self.grammar is None:
-            req.finish(FinishReason("error", message="constrained decoding is not available"))
-            return [self.outputs.emit(req)]
-        self.compiling.append(req)
-        self.grammar.submit(req)
+        if req.params.constraint is None:
+            self.waiting.append(req)
+        else:
+            self.compiling.append(req)
+            self.grammar.submit(req)  # type: ignore[union-attr]
         return []
 
     def _forget(self, rid: str) -> None:
@@ -151,8 +152,8 @@ class Scheduler:
                     return [self._emit_final(req)]
         return [ended(rid, FinishReason("abort", message="aborted"))]
 
-    def _release(self, req: Req) -> None:
-        self.kv.release(req, cache=True)
+    def _release(self, req: Req, *, cache: bool = True) -> None:
+        self.kv.release(req, cache=cache)
         if self.grammar is not None and req.params.constraint is not None:
             self.grammar.release(req)
 
@@ -317,24 +318,7 @@ class Scheduler:
         return self.kv.allocate(batch)
 
     def _inputs(self, batch: Sequence[Req], slots: torch.Tensor) -> ForwardBatch:
-        input_ids: list[int] = []
-        logit_indices: list[int] = []
-        for req in batch:
-            start = len(input_ids)
-            input_ids.extend(req.ids(req.kv_len, req.kv_len + req.extend_len))
-            for pos in self.outputs.input_logprob_positions(req):
-                logit_indices.append(start + pos - req.kv_len)
-            if req.will_sample():
-                logit_indices.append(start + req.extend_len - 1)
-        return ForwardBatch.build(
-            input_ids=input_ids,
-            out_slots=slots,
-            req_rows=[r.row for r in batch],  # type: ignore[misc]
-            prefix_lens=[r.kv_len for r in batch],
-            extend_lens=[r.extend_len for r in batch],
-            logit_indices=logit_indices,
-            req_to_token=self.kv.req_pool.table,
-        )
+        return forward_inputs(batch, slots, outputs=self.outputs, table=self.kv.req_pool.table)
 
     def _begin_masks(self, batch: list[Req]) -> StepMasks:
         """Start filling grammar masks for this step's sampling requests (in batch order)."""
@@ -381,9 +365,7 @@ class Scheduler:
         self.running.remove(req)
         req.kv_len += req.extend_len  # the step's slots are the request's to free
         req.extend_len = 0
-        self.kv.release(req, cache=False)
-        if self.grammar is not None and req.params.constraint is not None:
-            self.grammar.release(req)
+        self._release(req, cache=False)
         return self._emit_final(req)
 
     # --- results ----------------------------------------------------------------------
@@ -415,17 +397,3 @@ class Scheduler:
             log.exception("building the final output of %s failed", req.rid)
             message = f"{INTERNAL_ERROR}: building its output failed: {exc!r}"
             return ended(req.rid, FinishReason("error", message=message))
-
-
-class SplitBudget:
-    """How many forwards a step may still spend narrowing down a failing batch (a failure
-    every request shares would otherwise cost two forwards per request)."""
-
-    def __init__(self, forwards: int = MAX_SPLIT_FORWARDS) -> None:
-        self.left = forwards
-
-    def take(self, n: int) -> bool:
-        if self.left < n:
-            return False
-        self.left -= n
-        return True

@@ -1,5 +1,6 @@
-"""After a step's forward: prompt logprobs, sampling, and what each new token does (its
-logprobs, the grammar's accept and rewrite, stop and length checks), one request at a time.
+"""The per-request work of a step around its forward: the forward's inputs; after it, prompt
+logprobs, sampling, and what each new token does (its logprobs, the grammar's accept and
+rewrite, stop and length checks), one request at a time.
 
 Whatever fails while handling one request (its logprobs, its sampling row, its grammar, its
 stop search) ends that request alone with an error that starts with "internal error"; the
@@ -15,6 +16,7 @@ from contextlib import contextmanager
 
 import torch
 
+from plait.backend.forward_batch import ForwardBatch
 from plait.backend.grammar import GrammarHooks, MaskWaiter, Rewrite
 from plait.backend.kv_manager import KVManager
 from plait.backend.output_builder import OutputBuilder
@@ -22,7 +24,48 @@ from plait.backend.req import INTERNAL_ERROR, FinishReason, Req
 from plait.backend.sampler import Sampler
 from plait.kernels import apply_token_bitmask
 
+MAX_SPLIT_FORWARDS = 32  # forwards a step may spend finding the requests a failure is due to
+
 log = logging.getLogger("plait.scheduler")
+
+
+def forward_inputs(
+    batch: Sequence[Req], slots: torch.Tensor, *, outputs: OutputBuilder, table: torch.Tensor
+) -> ForwardBatch:
+    """The ForwardBatch of `batch` (each request's `extend_len` tokens into `slots`), with
+    logits for the prompt positions whose logprobs were asked for and the sampled ones."""
+    input_ids: list[int] = []
+    logit_indices: list[int] = []
+    for req in batch:
+        start = len(input_ids)
+        input_ids.extend(req.ids(req.kv_len, req.kv_len + req.extend_len))
+        for pos in outputs.input_logprob_positions(req):
+            logit_indices.append(start + pos - req.kv_len)
+        if req.will_sample():
+            logit_indices.append(start + req.extend_len - 1)
+    return ForwardBatch.build(
+        input_ids=input_ids,
+        out_slots=slots,
+        req_rows=[r.row for r in batch],  # type: ignore[misc]
+        prefix_lens=[r.kv_len for r in batch],
+        extend_lens=[r.extend_len for r in batch],
+        logit_indices=logit_indices,
+        req_to_token=table,
+    )
+
+
+class SplitBudget:
+    """How many forwards a step may still spend narrowing down a failing batch (a failure
+    every request shares would otherwise cost two forwards per request)."""
+
+    def __init__(self, forwards: int = MAX_SPLIT_FORWARDS) -> None:
+        self.left = forwards
+
+    def take(self, n: int) -> bool:
+        if self.left < n:
+            return False
+        self.left -= n
+        return True
 
 
 @contextmanager
