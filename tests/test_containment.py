@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from helpers import greedy, tiny_engine
-from plait.backend.engine import Engine
+from plait.backend.engine import Engine, GenerationError
 from plait.backend.forward_batch import ForwardBatch
 from plait.backend.req import Req
 from plait.backend.sampling_params import SamplingParams
@@ -173,3 +173,23 @@ def test_a_failure_no_request_can_be_blamed_for_fails_those_in_flight_and_servin
 def test_an_abort_of_an_unknown_rid_is_answered(engine: Engine) -> None:
     (out,) = scheduler(engine).abort("never-seen")
     assert out.rid == "never-seen" and out.finish is not None and out.finish.kind == "abort"
+
+
+def test_failing_abort_and_control_messages_are_answered(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sched = scheduler(engine)
+
+    def broken(*args: Any) -> Any:
+        raise RuntimeError("injected message fault")
+
+    monkeypatch.setattr(sched, "stats", broken)
+    with pytest.raises(RuntimeError, match="injected message fault"):
+        engine.stats()
+    monkeypatch.setattr(sched, "abort", broken)
+    stream = engine.generate(input_ids=[5, 6], sampling_params=greedy(200), stream=True)
+    next(stream)
+    with pytest.raises(GenerationError, match="injected message fault"):
+        engine.tokenizer_manager.abort(engine.tokenizer_manager.in_flight()[0])
+        list(stream)
+    assert not engine.tokenizer_manager.in_flight()
