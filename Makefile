@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 QUICK ?=
 
-.PHONY: demo test lint typecheck pytest bench clean
+.PHONY: demo test lint typecheck pytest bench soak clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -37,6 +37,10 @@ test: lint typecheck pytest
 bench: $(STAMP)
 	$(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/python -m benchmarks.run $(if $(QUICK),--quick,)
+
+# Not part of `make test`: MINUTES of mixed valid and hostile traffic (default 10).
+soak: $(STAMP)
+	$(BIN)/python -m benchmarks.soak $(if $(MINUTES),--minutes $(MINUTES),)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -18,7 +18,8 @@ class EngineConfig:
     quantized matmuls), "none" de-quantizes them to `dtype`, "int8"/"int4" quantize a float
     checkpoint's linear layers at load. `kv_tokens=None` sizes the KV pool from
     `mem_fraction` of free device memory (capped at `max_kv_tokens_cpu` on CPU).
-    `chunked_prefill_size=0` disables chunked prefill.
+    `chunked_prefill_size=0` disables chunked prefill. `profile_dir`: the only directory
+    profiles are written under (None: $PLAIT_PROFILE_DIR, or profiling is off).
     """
 
     model: str = "plait-tiny"
@@ -38,12 +39,14 @@ class EngineConfig:
     enable_jump_forward: bool = True
     grammar_cache_size: int = 256
     grammar_timeout_s: float = 60.0
+    grammar_workers: int = 2
     new_token_ratio: float = 0.5
     min_new_token_ratio: float = 0.1
     new_token_ratio_decay: float = 0.002
     check_integrity: bool = False
     num_threads: int = 1
     quantization: str = "auto"
+    profile_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.quantization not in QUANTIZATIONS:

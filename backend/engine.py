@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import queue
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
 from typing import Any
 
@@ -25,6 +26,7 @@ from plait.backend.profiler import ProfileRequest
 from plait.backend.request_checks import RequestError, prompt_batch
 from plait.backend.sampling_params import SamplingParams
 from plait.backend.tokenizer_manager import TokenizerManager
+from plait.backend.tokenizer_utils import max_token_chars
 
 Prompt = str | Sequence[str] | None
 InputIds = Sequence[int] | Sequence[Sequence[int]] | None
@@ -58,6 +60,8 @@ class Engine:
         self.tokenizer = self.runtime.tokenizer
         self.info: ModelInfo = self.runtime.info
         self._tm = TokenizerManager(tokenizer=self.tokenizer, send=self.runtime.send)
+        # no text longer than this can fit the context, however it tokenizes
+        self.max_prompt_chars = self.info.context_len * max_token_chars(self.tokenizer)
         if self.runtime.failure is not None:
             self._runtime_failed(self.runtime.failure)
 
@@ -78,6 +82,11 @@ class Engine:
     def failure(self) -> str | None:
         """Why the runtime is gone (a child process died), or None while it serves."""
         return self.runtime.failure
+
+    def scheduler_silence(self) -> float:
+        """Seconds since the scheduler loop last reported that it is alive (a heartbeat
+        about every second, between steps)."""
+        return time.monotonic() - self.tokenizer_manager.last_heartbeat
 
     # --- generation -------------------------------------------------------------------
     def generate(
@@ -147,18 +156,20 @@ class Engine:
         *,
         rids: Sequence[str | None] | None = None,
         stream: bool = True,
+        owner: str | None = None,
     ) -> AsyncGenerator[tuple[int, dict[str, Any]], None]:
         """Every sample of every (input_ids, params) request as (index, item) in arrival order,
         sample j of request i at index sum(n of requests before i) + j: increments with
         `stream=True`, else each sample's final result once. Errors come as items (never
-        raised); closing the iterator early aborts the samples still running."""
+        raised); closing the iterator early aborts the samples still running. `owner`: who
+        may abort them (`TokenizerManager.in_flight`)."""
         inbox: asyncio.Queue[tuple[int, dict[str, Any]]] = asyncio.Queue()
         sent: list[str] = []
         running: set[int] = set()
         try:
             for (ids, params), rid in zip(requests, rids or [None] * len(requests), strict=True):
                 new = self._submit_indexed(
-                    ids, params, inbox=inbox, rid=rid, first=len(sent), stream=stream
+                    ids, params, inbox=inbox, rid=rid, first=len(sent), stream=stream, owner=owner
                 )
                 running.update(range(len(sent), len(sent) + len(new)))
                 sent.extend(new)
@@ -180,12 +191,13 @@ class Engine:
         rid: str | None,
         first: int,
         stream: bool,
+        owner: str | None,
     ) -> list[str]:
         """Submit one request whose sample j reports to `inbox` as index first + j."""
         loop = asyncio.get_running_loop()
         sinks = [_indexed_sink(loop, inbox, index=first + j) for j in range(params.n)]
         return self.tokenizer_manager.submit(
-            input_ids=ids, params=params, stream=stream, sinks=sinks, rid=rid
+            input_ids=ids, params=params, stream=stream, sinks=sinks, rid=rid, owner=owner
         )
 
     def _requests(
@@ -196,7 +208,7 @@ class Engine:
         try:
             prompts = prompt_batch(
                 text=prompt, input_ids=input_ids, encode=self.tokenizer_manager.encode,
-                text_field="prompt",
+                text_field="prompt", max_chars=self.max_prompt_chars,
             )  # fmt: skip
         except RequestError as exc:
             raise GenerationError(str(exc)) from exc
@@ -232,8 +244,8 @@ class Engine:
 
     def start_profile(self, *, output_dir: str | None = None, num_steps: int | None = None) -> str:
         """Record the scheduler's steps with the torch profiler until `stop_profile()` (or for
-        `num_steps` steps); the Chrome trace goes to `output_dir` (default $PLAIT_PROFILE_DIR
-        or /tmp)."""
+        `num_steps` steps); the Chrome trace goes to `output_dir`, a relative path under the
+        engine's `profile_dir` (default: that directory itself)."""
         request = ProfileRequest.from_dict({"output_dir": output_dir, "num_steps": num_steps})
         return str(self.tokenizer_manager.control("start_profile", request).result(timeout=60))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from collections.abc import Callable
@@ -13,6 +14,8 @@ from plait.backend.detokenizer import Detokenizer
 from plait.backend.messages import BatchStrOut, BatchTokenOut
 from plait.backend.scheduler_loop import build_scheduler, describe, run_loop
 from plait.backend.tokenizer_utils import make_decoder
+
+log = logging.getLogger("plait.inprocess")
 
 
 class InProcessRuntime:
@@ -53,7 +56,10 @@ class InProcessRuntime:
     def _send(self, msg: object) -> None:
         if isinstance(msg, BatchTokenOut):
             msg = BatchStrOut(self.detokenizer.process(msg.outputs))
-        self._deliver(msg)
+        try:
+            self._deliver(msg)
+        except Exception:  # noqa: BLE001 - one bad delivery must not stop the scheduler
+            log.exception("delivering %s failed", type(msg).__name__)
 
     def _run(self) -> None:
         torch.set_num_threads(self.scheduler.config.num_threads)

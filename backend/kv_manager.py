@@ -69,6 +69,11 @@ class KVManager:
             parts.append(slots)
         return torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
 
+    def step_slots(self, req: Req) -> torch.Tensor:
+        """The slots `allocate` gave this step's `extend_len` tokens of `req`."""
+        assert req.row is not None
+        return self.req_pool.read(req.row, req.kv_len, req.kv_len + req.extend_len)
+
     def truncate(self, req: Req, new_len: int) -> None:
         """Forget the KV of positions [new_len, kv_len) (tokens replaced by jump-forward)."""
         assert req.row is not None and req.cached_len <= new_len <= req.kv_len

@@ -50,6 +50,13 @@ class ControlReply:
 
 
 @dataclass(frozen=True)
+class Heartbeat:
+    """The scheduler loop is alive (sent about once a second, between steps)."""
+
+    has_work: bool = False
+
+
+@dataclass(frozen=True)
 class ReqOutput:
     """What one request produced in one step (ids since the previous emission; emitted ids
     never change)."""

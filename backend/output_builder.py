@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from plait.backend.messages import DetokOptions, ReqOutput
-from plait.backend.req import Req
+from plait.backend.req import FinishReason, Req
 from plait.backend.stop_conditions import CONTEXT_TOKENS, Tail, hold_back_chars, window_chars
 from plait.backend.tokenizer_utils import DecodeFn
 
@@ -104,6 +104,19 @@ class OutputBuilder:
         rec.sent_output = len(rec.output)
         rec.input_sent = rec.input_sent or send_input
         return out
+
+
+def ended(rid: str, reason: FinishReason) -> ReqOutput:
+    """A bare final output for a request the scheduler has nothing else to say about (an
+    error before it was queued, an abort of an unknown rid); building it cannot fail."""
+    return ReqOutput(
+        rid=rid,
+        new_ids=[],
+        finish=reason,
+        prompt_tokens=0,
+        completion_tokens=0,
+        cached_tokens=0,
+    )
 
 
 def _topk(logprobs: torch.Tensor, k: int) -> list[tuple[float, int]]:

@@ -118,9 +118,13 @@ def recv_all(sock: zmq.Socket[bytes], block: bool) -> list[object]:
         return msgs
     while True:
         try:
-            msgs.append(decode(sock.recv(zmq.NOBLOCK)))
+            data = sock.recv(zmq.NOBLOCK)
         except zmq.Again:
             return msgs
+        try:
+            msgs.append(decode(data))
+        except Exception:  # noqa: BLE001 - a message that cannot be read is dropped, logged
+            log.exception("dropping a message that cannot be decoded (%d bytes)", len(data))
 
 
 # --- child process plumbing ---------------------------------------------------------------
@@ -129,12 +133,12 @@ def _child_setup(name: str, parent_pid: int) -> Callable[[], bool]:
     stop = threading.Event()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    _set_process_name(f"plait-{name}")
+    set_process_name(f"plait-{name}")
     logging.basicConfig(level=logging.INFO, format=f"[plait {name}] %(levelname)s %(message)s")
     return lambda: stop.is_set() or os.getppid() != parent_pid
 
 
-def _set_process_name(name: str) -> None:
+def set_process_name(name: str) -> None:
     """Name the process for ps/top (Linux; best effort)."""
     if not sys.platform.startswith("linux"):
         return
@@ -175,6 +179,8 @@ def scheduler_process(spec: ChildSpec, *, addrs: IpcAddresses, parent_pid: int) 
         scheduler, _ = build_scheduler(config)
     except Exception:  # noqa: BLE001 - reported to the main process, which exits
         _fail(ctx, outbox, name="scheduler")
+    if scheduler.grammar is not None:
+        scheduler.grammar.warm_up()  # compile workers start while the server does
     outbox.send(encode(ProcessReady("scheduler", describe(scheduler))))
     run_loop(
         scheduler,

@@ -13,6 +13,7 @@ from plait.backend.sampling_params import SamplingParams
 from plait.backend.stop_conditions import StopMatch, StopRegexTimeout, Tail, first_stop
 
 FinishKind = Literal["stop", "length", "abort", "error"]
+INTERNAL_ERROR = "internal error"  # how a failure that is not the client's fault begins
 
 
 @dataclass(frozen=True)
@@ -169,6 +170,11 @@ class Req:
     def finish(self, reason: FinishReason) -> None:
         if self.finished is None:
             self.finished = reason
+
+    def fail(self, message: str) -> None:
+        """End with an error, whatever it was about to finish with (an internal failure
+        while handling this request)."""
+        self.finished = FinishReason("error", message=message)
 
     def check_finished(self, *, context_len: int, tail: Tail | None) -> None:
         """Set `finished` from the last output token (EOS, stop ids, stop strings, length)."""

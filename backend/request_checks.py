@@ -44,15 +44,26 @@ def prompt_batch(
     encode: Callable[[str], list[int]],
     text_field: str = "text",
     ids_field: str = "input_ids",
+    max_chars: int | None = None,
 ) -> Prompts:
     """Normalize a request's prompts, given as text (a string or a list of strings) or as
-    token ids (a list of ids or a list of id lists), exactly one of the two."""
+    token ids (a list of ids or a list of id lists), exactly one of the two. A text longer
+    than `max_chars` (more than the context could hold, however it tokenizes) is refused
+    before it is tokenized."""
     if (text is None) == (input_ids is None):
         raise RequestError(
             f"{text_field}: give exactly one of {text_field} or {ids_field}", field=text_field
         )
     if text is not None:
         texts = [text] if isinstance(text, str) else list(text)
+        for t in texts:
+            check_text(t, field=text_field)
+            if max_chars is not None and len(t) > max_chars:
+                raise RequestError(
+                    f"{text_field}: the prompt has {len(t)} characters, more than the model's "
+                    f"context can hold ({max_chars})",
+                    field=text_field,
+                )
         prompts = Prompts([encode(t) for t in texts], isinstance(text, str), text_field)
     else:
         assert input_ids is not None
@@ -62,6 +73,16 @@ def prompt_batch(
     if not prompts.ids or any(not ids for ids in prompts.ids):
         raise RequestError(f"{prompts.field}: the prompt is empty", field=prompts.field)
     return prompts
+
+
+def check_text(text: str, *, field: str) -> None:
+    """A RequestError naming `field` unless `text` is valid Unicode text (not a lone
+    surrogate, which JSON's \\ud800 escape can carry but no tokenizer can encode)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        message = f"{field}: not valid Unicode text (a lone surrogate at character {exc.start})"
+        raise RequestError(message, field=field) from None
 
 
 def check_token_ids(ids: Sequence[int], *, vocab_size: int, field: str = "input_ids") -> None:

@@ -31,6 +31,7 @@ from pydantic import (
     model_validator,
 )
 
+from plait.backend.constraint_limits import check_json_values, check_literals, check_regex
 from plait.backend.request_checks import RequestError
 from plait.backend.stop_conditions import check_stop_regexes
 
@@ -46,7 +47,7 @@ MAX_STOPS = 64
 MAX_STOP_CHARS = 4096
 MAX_STOP_TOKEN_IDS = 1024
 MAX_LOGIT_BIAS = 1 << 18
-MAX_CHOICES = 1 << 16
+MAX_CHOICES = 4096
 MAX_CONSTRAINT_CHARS = 1 << 20
 CONSTRAINT_FIELDS = ("json_schema", "regex", "ebnf", "choices", "json_object", "structural_tag")
 
@@ -236,6 +237,27 @@ class SamplingParams(BaseModel):
     @classmethod
     def _usable_patterns(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         check_stop_regexes(value)
+        return value
+
+    @field_validator("regex")
+    @classmethod
+    def _regex_size(cls, value: str | None) -> str | None:
+        if value is not None:
+            check_regex(value)
+        return value
+
+    @field_validator("ebnf", "choices")
+    @classmethod
+    def _literal_size(cls, value: Any) -> Any:
+        if value is not None:
+            check_literals([value] if isinstance(value, str) else list(value), what="its text")
+        return value
+
+    @field_validator("json_schema", "structural_tag")
+    @classmethod
+    def _json_size(cls, value: str | None) -> str | None:
+        if value is not None:
+            check_json_values(value)
         return value
 
     @model_validator(mode="after")

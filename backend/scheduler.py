@@ -9,27 +9,36 @@ server's scheduler process; only the I/O around `add_request`/`step` differs.
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 
 from plait.backend.config import EngineConfig
 from plait.backend.forward_batch import ForwardBatch, decode_style
-from plait.backend.grammar import GrammarHooks, Rewrite
+from plait.backend.grammar import GrammarHooks
 from plait.backend.kv_manager import KVManager
 from plait.backend.messages import ReqOutput, Stats, TokenizedRequest
 from plait.backend.model_runner import ModelRunner
-from plait.backend.output_builder import OutputBuilder
-from plait.backend.req import FinishReason, Req
+from plait.backend.output_builder import OutputBuilder, ended
+from plait.backend.req import INTERNAL_ERROR, FinishReason, Req
 from plait.backend.sampler import Sampler
 from plait.backend.schedule_policy import AdmissionPlan, SchedulePolicy
+from plait.backend.step_results import (
+    SplitBudget,
+    StepMasks,
+    StepResults,
+    contained,
+    forward_inputs,
+)
 from plait.backend.tokenizer_utils import DecodeFn
-from plait.kernels import apply_token_bitmask
 
 FUTURE_TOKENS_CLIP = 4096
 GRAMMAR_WAIT_S = 0.002
 SHARED_KEY_TOKENS = 32  # requests whose next uncached tokens match wait one step to share
+
+log = logging.getLogger("plait.scheduler")
 
 
 class Scheduler:
@@ -60,10 +69,28 @@ class Scheduler:
         self._arrivals = 0
         self._counters = {"prompt": 0, "generated": 0, "cache_hit": 0, "retracted": 0, "steps": 0}
         self._busy_s = 0.0
+        self.results = StepResults(
+            sampler=self.sampler,
+            outputs=self.outputs,
+            grammar=grammar,
+            kv=self.kv,
+            context_len=runner.context_len,
+            counters=self._counters,
+        )
 
     # --- requests in ------------------------------------------------------------------
     def add_request(self, msg: TokenizedRequest) -> list[ReqOutput]:
-        """Queue a request; an invalid one comes straight back as an error output."""
+        """Queue a request; one that is invalid, or that fails to be queued for any reason,
+        comes straight back as an error output (its rid never stays in flight)."""
+        try:
+            return self._add(msg)
+        except Exception as exc:  # noqa: BLE001 - answer this request, keep serving
+            log.exception("queueing request %s failed", msg.rid)
+            self._forget(msg.rid)
+            message = f"{INTERNAL_ERROR}: the request could not be queued: {exc!r}"
+            return [ended(msg.rid, FinishReason("error", message=message))]
+
+    def _add(self, msg: TokenizedRequest) -> list[ReqOutput]:
         self._arrivals += 1
         req = Req(
             rid=msg.rid,
@@ -78,21 +105,25 @@ class Scheduler:
             context_len=self.runner.context_len,
             pool_size=self.kv.kv_pool.size,
         )
+        if error is None and req.params.constraint is not None and self.grammar is None:
+            error = "constrained decoding is not available"
         if error is not None:
             req.finish(FinishReason("error", message=error))
             return [self.outputs.emit(req)]
-        if req.params.constraint is not None:
-            return self._add_constrained(req)
-        self.waiting.append(req)
+        if req.params.constraint is None:
+            self.waiting.append(req)
+        else:
+            self.compiling.append(req)
+            self.grammar.submit(req)  # type: ignore[union-attr]
         return []
 
-    def _add_constrained(self, req: Req) -> list[ReqOutput]:
-        if self.grammar is None:
-            req.finish(FinishReason("error", message="constrained decoding is not available"))
-            return [self.outputs.emit(req)]
-        self.grammar.submit(req)
-        self.compiling.append(req)
-        return []
+    def _forget(self, rid: str) -> None:
+        """Drop every trace of a request that failed before it ran (no KV yet)."""
+        for queue in (self.waiting, self.compiling):
+            for req in [r for r in queue if r.rid == rid]:
+                queue.remove(req)
+                if self.grammar is not None:
+                    self.grammar.release(req)
 
     def _poll_grammars(self) -> list[ReqOutput]:
         """Move requests whose grammar compiled to the queue; report the ones that failed."""
@@ -104,10 +135,12 @@ class Scheduler:
         for req in ready + failed:
             self.compiling.remove(req)
         self.waiting.extend(ready)
-        return [self.outputs.emit(req) for req in failed]
+        return [self._emit_final(req) for req in failed]
 
     def abort(self, rid: str) -> list[ReqOutput]:
-        """Stop a request wherever it is; its KV goes back to the cache or the pool."""
+        """Stop a request wherever it is; its KV goes back to the cache or the pool. An rid
+        the scheduler does not know (it finished, or never arrived) is answered too, so the
+        client side never waits on it (a duplicate finish is ignored there)."""
         for queue in (self.waiting, self.running, self.compiling):
             for req in queue:
                 if req.rid == rid:
@@ -116,11 +149,11 @@ class Scheduler:
                         self.chunked = None
                     req.finish(FinishReason("abort", message="aborted"))
                     self._release(req)
-                    return [self.outputs.emit(req)]
-        return []
+                    return [self._emit_final(req)]
+        return [ended(rid, FinishReason("abort", message="aborted"))]
 
-    def _release(self, req: Req) -> None:
-        self.kv.release(req, cache=True)
+    def _release(self, req: Req, *, cache: bool = True) -> None:
+        self.kv.release(req, cache=cache)
         if self.grammar is not None and req.params.constraint is not None:
             self.grammar.release(req)
 
@@ -132,17 +165,23 @@ class Scheduler:
         return True
 
     def fail_all(self, message: str) -> list[ReqOutput]:
-        """After an internal error: end every request with `message` and reset the cache."""
+        """After an internal error no request can be blamed for: end every request with
+        `message` and reset the cache."""
         out = []
         for req in self.waiting + self.running + self.compiling:
-            req.finish(FinishReason("error", message=message))
-            out.append(self.outputs.emit(req))
+            req.fail(message)
+            out.append(self._emit_final(req))
             req.row = req.last_node = None
             if self.grammar is not None and req.params.constraint is not None:
                 self.grammar.release(req)
         self.waiting, self.running, self.compiling, self.chunked = [], [], [], None
         self.kv.flush()
         return out
+
+    def close(self) -> None:
+        """Stop what runs beside the scheduler (the grammar's compile workers)."""
+        if self.grammar is not None:
+            self.grammar.close()
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.compiling)
@@ -173,10 +212,9 @@ class Scheduler:
         batch = self._schedule()
         if not batch:
             return outputs
-        fb = self._prepare(batch)
+        slots = self._allocate(batch)
         masks = self._begin_masks(batch)
-        logits = self.runner.forward(fb)
-        outputs += self._process(batch, logits, masks())
+        outputs += self._run(batch, slots, masks)
         self.new_token_ratio = max(
             self.config.min_new_token_ratio,
             self.new_token_ratio - self.config.new_token_ratio_decay,
@@ -273,112 +311,89 @@ class Scheduler:
             self.chunked = req
         return True
 
-    # --- forward inputs ---------------------------------------------------------------
-    def _prepare(self, batch: list[Req]) -> ForwardBatch:
+    # --- forward -----------------------------------------------------------------------
+    def _allocate(self, batch: list[Req]) -> torch.Tensor:
         ok = self.kv.ensure_free_pages(self.kv.pages_for(batch))
         assert ok, "admission must have reserved the pages"
-        slots = self.kv.allocate(batch)
-        input_ids: list[int] = []
-        logit_indices: list[int] = []
-        for req in batch:
-            start = len(input_ids)
-            input_ids.extend(req.ids(req.kv_len, req.kv_len + req.extend_len))
-            for pos in self.outputs.input_logprob_positions(req):
-                logit_indices.append(start + pos - req.kv_len)
-            if req.will_sample():
-                logit_indices.append(start + req.extend_len - 1)
-        return ForwardBatch.build(
-            input_ids=input_ids,
-            out_slots=slots,
-            req_rows=[r.row for r in batch],  # type: ignore[misc]
-            prefix_lens=[r.kv_len for r in batch],
-            extend_lens=[r.extend_len for r in batch],
-            logit_indices=logit_indices,
-            req_to_token=self.kv.req_pool.table,
-        )
+        return self.kv.allocate(batch)
 
-    def _begin_masks(self, batch: list[Req]) -> Callable[[], torch.Tensor | None]:
+    def _inputs(self, batch: Sequence[Req], slots: torch.Tensor) -> ForwardBatch:
+        return forward_inputs(batch, slots, outputs=self.outputs, table=self.kv.req_pool.table)
+
+    def _begin_masks(self, batch: list[Req]) -> StepMasks:
         """Start filling grammar masks for this step's sampling requests (in batch order)."""
         sampling = [r for r in batch if r.will_sample() and r.params.max_new_tokens > 0]
         if self.grammar is None or not any(r.grammar is not None for r in sampling):
-            return lambda: None
-        return self.grammar.begin_fill(sampling)
+            return StepMasks(lambda: None, sampling)
+        return StepMasks(self.grammar.begin_fill(sampling), sampling)
+
+    def _run(self, batch: list[Req], slots: torch.Tensor, masks: StepMasks) -> list[ReqOutput]:
+        """Forward and results of `batch`; if the forward fails, the batch is retried in
+        halves, so that only the requests it fails on alone fail."""
+        try:
+            logits = self.runner.forward(self._inputs(batch, slots))
+        except Exception:  # noqa: BLE001 - find the requests it fails on
+            log.exception("forward of %d requests failed; retrying in halves", len(batch))
+            return self._run_split(batch, masks, SplitBudget())
+        return self._process(batch, logits, masks)
+
+    def _run_split(
+        self, batch: list[Req], masks: StepMasks, budget: SplitBudget
+    ) -> list[ReqOutput]:
+        if len(batch) == 1 or not budget.take(2):
+            message = f"{INTERNAL_ERROR}: the forward pass failed on this request"
+            return [self._drop(req, message) for req in batch]
+        out: list[ReqOutput] = []
+        half = len(batch) // 2
+        for group in (batch[:half], batch[half:]):
+            slots = torch.cat([self.kv.step_slots(r) for r in group])
+            try:
+                logits = self.runner.forward(self._inputs(group, slots))
+            except Exception:  # noqa: BLE001 - narrow it down further
+                log.exception("forward of a group of %d requests failed", len(group))
+                out += self._run_split(group, masks, budget)
+                continue
+            out += self._process(group, logits, masks)
+        return out
+
+    def _drop(self, req: Req, message: str) -> ReqOutput:
+        """End a request whose forward failed: the slots of this step's tokens were never
+        written, so nothing of it is cached."""
+        req.fail(message)
+        if req is self.chunked:
+            self.chunked = None
+        self.running.remove(req)
+        req.kv_len += req.extend_len  # the step's slots are the request's to free
+        req.extend_len = 0
+        self._release(req, cache=False)
+        return self._emit_final(req)
 
     # --- results ----------------------------------------------------------------------
-    def _process(
-        self, batch: list[Req], logits: torch.Tensor, masks: torch.Tensor | None
-    ) -> list[ReqOutput]:
-        row = 0
-        sampling: list[Req] = []
-        sample_rows: list[int] = []
-        for req in batch:
-            n = len(self.outputs.input_logprob_positions(req))
-            if n:
-                self.outputs.record_input_logprobs(req, logits[row : row + n])
-            row += n
-            if req.will_sample():
-                sampling.append(req)
-                sample_rows.append(row)
-                row += 1
+    def _process(self, batch: list[Req], logits: torch.Tensor, masks: StepMasks) -> list[ReqOutput]:
         prefilled = [r for r in batch if r.extend_len > 1]
-        for req in batch:
-            req.kv_len += req.extend_len
-            req.extend_len = 0
-            self.outputs.mark_input_done(req)
-        self._sample(sampling, logits[sample_rows], masks)
+        self.results.process(batch, logits, masks)
         for req in prefilled:
             if req.finished is None:
                 self.kv.cache_prefix(req)
         return self._retire(batch)
 
-    def _sample(self, reqs: list[Req], logits: torch.Tensor, masks: torch.Tensor | None) -> None:
-        active = [i for i, r in enumerate(reqs) if r.params.max_new_tokens > 0]
-        for req in reqs:
-            if req.params.max_new_tokens == 0:
-                req.finish(FinishReason("length"))
-        if not active:
-            return
-        reqs = [reqs[i] for i in active]
-        logits = logits[active]
-        if masks is not None:
-            rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
-            apply_token_bitmask(logits, masks.to(logits.device, non_blocking=True), indices=rows)
-        want = any(r.params.return_logprob for r in reqs)
-        result = self.sampler.sample(logits, reqs, want_logprobs=want)
-        for i, (req, token) in enumerate(zip(reqs, result.token_ids, strict=True)):
-            req.output_ids.append(token)
-            self._counters["generated"] += 1
-            if result.logprobs is not None and req.params.return_logprob:
-                self.outputs.record_output_logprob(req, result.logprobs[i], token)
-            if req.grammar is not None and self.grammar is not None:
-                self.grammar.accept(req, token)
-            req.check_finished(context_len=self.runner.context_len, tail=self.outputs.tail(req))
-            if req.grammar is not None and self.grammar is not None:
-                rewrite = self.grammar.after_sample(req)
-                if rewrite is not None:
-                    self._rewritten(req, rewrite)
-
-    def _rewritten(self, req: Req, rewrite: Rewrite) -> None:
-        """The grammar replaced the output tokens from `rewrite.kept` on (never emitted
-        ones): forget their KV (below `cached_len` it is the tree's, keyed by the old tokens,
-        and only a closed request, which ends here, goes below it), look for stops in the
-        new tokens, and end a closed request."""
-        kept = rewrite.kept
-        assert kept >= req.sent_len, "the grammar rewrote tokens that were already emitted"
-        if kept < req.kv_len - req.prompt_len:
-            self.kv.truncate(req, max(req.cached_len, req.prompt_len + kept))
-        forced = len(req.output_ids) - kept  # stops may lie in the forced text too
-        tail = self.outputs.tail(req, new_tokens=forced) if forced > 0 else None
-        req.check_finished(context_len=self.runner.context_len, tail=tail)
-        if rewrite.closed and (req.finished is None or req.finished.kind == "length"):
-            req.finished = FinishReason("length", closed=True)
-
     def _retire(self, batch: list[Req]) -> list[ReqOutput]:
         out: list[ReqOutput] = []
         for req in batch:
+            if req.finished is None and req.sendable_len() > req.sent_len:
+                with contained(req, "building its output"):
+                    out.append(self.outputs.emit(req))
             if req.finished is not None:
                 self.running.remove(req)
                 self._release(req)
-            if req.finished is not None or req.sendable_len() > req.sent_len:
-                out.append(self.outputs.emit(req))
+                out.append(self._emit_final(req))
         return out
+
+    def _emit_final(self, req: Req) -> ReqOutput:
+        """A finished request's last output; if building it fails, a bare error output."""
+        try:
+            return self.outputs.emit(req)
+        except Exception as exc:  # noqa: BLE001 - the request must be answered anyway
+            log.exception("building the final output of %s failed", req.rid)
+            message = f"{INTERNAL_ERROR}: building its output failed: {exc!r}"
+            return ended(req.rid, FinishReason("error", message=message))

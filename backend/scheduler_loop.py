@@ -1,13 +1,16 @@
 """The scheduler's event loop, shared by the in-process thread and the server process.
 
 `recv` hands over incoming messages (blocking only when there is no work), `send` ships what
-each step produced. An exception inside a step fails the requests in flight with an error
-and resets the cache; the loop itself keeps serving.
+each step produced. A request that fails is answered with an error by the scheduler (it
+alone fails); an exception no request can be blamed for fails the requests in flight and
+resets the cache; the loop itself keeps serving. Between steps it sends a `Heartbeat` about
+once a second, so the main process can tell a scheduler stuck in a step.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -22,14 +25,19 @@ from plait.backend.messages import (
     BatchTokenOut,
     ControlReply,
     ControlRequest,
+    Heartbeat,
     ModelInfo,
     ReqOutput,
     TokenizedRequest,
 )
 from plait.backend.model_runner import ModelRunner
-from plait.backend.profiler import ProfileRequest, StepProfiler
+from plait.backend.output_builder import ended
+from plait.backend.profiler import ProfileRequest, StepProfiler, profile_root
+from plait.backend.req import INTERNAL_ERROR, FinishReason
 from plait.backend.scheduler import Scheduler
 from plait.backend.tokenizer_utils import make_decoder
+
+HEARTBEAT_S = 1.0
 
 log = logging.getLogger("plait.scheduler")
 Recv = Callable[[bool], list[object]]
@@ -65,16 +73,24 @@ def describe(scheduler: Scheduler) -> ModelInfo:
 def handle_message(
     scheduler: Scheduler, msg: object, send: Send, profiler: StepProfiler
 ) -> list[ReqOutput]:
-    """Apply one incoming message; control replies are sent at once."""
+    """Apply one incoming message. A request or an abort is always answered (with an error
+    output if handling it fails); a control request always gets its reply."""
     if isinstance(msg, TokenizedRequest):
         return scheduler.add_request(msg)
     if isinstance(msg, AbortRequest):
-        return scheduler.abort(msg.rid)
+        try:
+            return scheduler.abort(msg.rid)
+        except Exception as exc:  # noqa: BLE001 - answer it, keep serving
+            log.exception("abort of %s failed", msg.rid)
+            return [ended(msg.rid, FinishReason("error", message=f"{INTERNAL_ERROR}: {exc!r}"))]
     if isinstance(msg, ControlRequest):
         try:
             value = answer_control(scheduler, profiler, msg)
         except (ValueError, RuntimeError, OSError) as exc:
             value = exc
+        except Exception as exc:  # noqa: BLE001 - the caller gets an error it can unpickle
+            log.exception("control %s failed", msg.kind)
+            value = RuntimeError(f"{INTERNAL_ERROR}: {exc!r}")
         send(ControlReply(msg.call_id, value))
         return []
     raise TypeError(f"scheduler got an unknown message {type(msg).__name__}")
@@ -92,27 +108,65 @@ def answer_control(scheduler: Scheduler, profiler: StepProfiler, msg: ControlReq
     raise ValueError(f"unknown control {msg.kind!r}")
 
 
+class Pulse:
+    """Sends a `Heartbeat` at most every HEARTBEAT_S (the main process's /health reads it)."""
+
+    def __init__(self, send: Send) -> None:
+        self.send = send
+        self.last = float("-inf")
+
+    def beat(self, scheduler: Scheduler) -> None:
+        now = time.monotonic()
+        if now - self.last >= HEARTBEAT_S:
+            self.last = now
+            self.send(Heartbeat(has_work=scheduler.has_work()))
+
+
 def run_loop(
-    scheduler: Scheduler, *, recv: Recv, send: Send, should_stop: Callable[[], bool]
+    scheduler: Scheduler,
+    *,
+    recv: Recv,
+    send: Send,
+    should_stop: Callable[[], bool],
 ) -> None:
     """Serve until `should_stop()`; never dies on a bad request or a failed step."""
-    profiler = StepProfiler()
+    profiler = StepProfiler(profile_root(scheduler.config.profile_dir))
+    pulse = Pulse(send)
     while not should_stop():
+        pulse.beat(scheduler)
         outputs: list[ReqOutput] = []
         for msg in recv(not scheduler.has_work()):
             try:
                 outputs.extend(handle_message(scheduler, msg, send, profiler))
             except Exception:  # noqa: BLE001 - a bad message must not stop the loop
                 log.exception("bad message %r", type(msg).__name__)
-        try:
-            with profiler.region("plait.scheduler_step"):
-                outputs.extend(scheduler.step())
-        except Exception as exc:  # noqa: BLE001 - fail the batch, keep serving
-            log.error("scheduler step failed:\n%s", traceback.format_exc())
-            outputs.extend(scheduler.fail_all(f"internal error: {exc!r}"))
+        outputs.extend(_step(scheduler, profiler))
         if outputs:
             send(BatchTokenOut(outputs))
         if scheduler.has_work() or outputs:
-            profiler.after_step()
+            _after_step(profiler)
     if profiler.active:
-        log.warning("profile trace written at shutdown: %s", profiler.stop())
+        _after_step(profiler, final=True)
+    scheduler.close()
+
+
+def _step(scheduler: Scheduler, profiler: StepProfiler) -> list[ReqOutput]:
+    """One step; a failure no request can be blamed for fails the requests in flight."""
+    try:
+        with profiler.region("plait.scheduler_step"):
+            return scheduler.step()
+    except Exception as exc:  # noqa: BLE001 - fail the batch, keep serving
+        log.error("scheduler step failed:\n%s", traceback.format_exc())
+        return scheduler.fail_all(f"{INTERNAL_ERROR}: {exc!r}")
+
+
+def _after_step(profiler: StepProfiler, *, final: bool = False) -> None:
+    """Count a profiled step (or end the recording); a trace that cannot be written is
+    logged, never fatal."""
+    try:
+        if final:
+            log.warning("profile trace written at shutdown: %s", profiler.stop())
+        else:
+            profiler.after_step()
+    except Exception:  # noqa: BLE001 - profiling must never stop the scheduler
+        log.exception("profiling failed")

@@ -23,6 +23,7 @@ from plait.backend.messages import (
     BatchStrOut,
     ControlReply,
     ControlRequest,
+    Heartbeat,
     ReqStrOut,
     TokenizedRequest,
 )
@@ -39,6 +40,7 @@ class RequestState:
     rid: str
     stream: bool
     sink: Sink
+    owner: str | None = None
     text: str = ""
     output_ids: list[int] = field(default_factory=list)
     output_logprobs: list[tuple[float, int]] = field(default_factory=list)
@@ -122,7 +124,8 @@ class TokenizerManager:
         self.closed: str | None = None  # set once the runtime is gone for good
         self._lock = threading.Lock()
         self._ids = itertools.count()
-        self._prefix = uuid.uuid4().hex[:12]  # request ids: this prefix and a counter
+        self._prefix = uuid.uuid4().hex[:12]  # control call ids: this prefix and a counter
+        self.last_heartbeat = time.monotonic()  # when the scheduler last said it is alive
 
     # --- tokenization -----------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -135,26 +138,10 @@ class TokenizerManager:
             return ids[1:] if added > 0 else ids
         return ids
 
-    def chat_ids(
-        self,
-        messages: Sequence[dict[str, Any]],
-        *,
-        add_generation_prompt: bool = True,
-        **template_kwargs: Any,
-    ) -> list[int]:
-        """Token ids of `messages` through the tokenizer's chat template."""
-        text = self.tokenizer.apply_chat_template(
-            list(messages),
-            tokenize=False,
-            add_generation_prompt=add_generation_prompt,
-            **template_kwargs,
-        )
-        assert isinstance(text, str)
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
-
     # --- requests ---------------------------------------------------------------------
     def new_rid(self) -> str:
-        return f"{self._prefix}-{next(self._ids)}"
+        """A fresh request id: random, so no client can guess another's."""
+        return uuid.uuid4().hex
 
     def submit(
         self,
@@ -164,19 +151,21 @@ class TokenizerManager:
         sinks: Sequence[Sink],
         stream: bool,
         rid: str | None = None,
+        owner: str | None = None,
     ) -> list[str]:
         """Send one request; n > 1 becomes n sequences sharing the prompt, the i-th sample
-        delivered to `sinks[i]` (seeded with seed + i). Returns the sequences' rids."""
+        delivered to `sinks[i]` (seeded with seed + i). Returns the sequences' rids. `owner`
+        is who may abort them (see `in_flight`)."""
         if len(sinks) != params.n:
             raise ValueError(f"need one sink per sample: n={params.n}, got {len(sinks)}")
         rid = rid or self.new_rid()
         if params.n == 1:
-            return [self._send_one(rid, input_ids, params, sinks[0], stream, None)]
+            return [self._send_one(rid, input_ids, params, sinks[0], stream, None, owner)]
         rids = []
         for i, sink in enumerate(sinks):
             seed = None if params.seed is None else params.seed + i
             one = params.replace(n=1, seed=seed)
-            rids.append(self._send_one(f"{rid}.{i}", input_ids, one, sink, stream, rid))
+            rids.append(self._send_one(f"{rid}.{i}", input_ids, one, sink, stream, rid, owner))
         return rids
 
     def _send_one(
@@ -187,27 +176,33 @@ class TokenizerManager:
         sink: Sink,
         stream: bool,
         group: str | None,
+        owner: str | None,
     ) -> str:
         with self._lock:
             if rid in self.states:
                 raise ValueError(f"request id {rid!r} is already in flight")
             closed = self.closed
             if closed is None:
-                self.states[rid] = RequestState(rid=rid, stream=stream, sink=sink)
+                self.states[rid] = RequestState(rid=rid, stream=stream, sink=sink, owner=owner)
         if closed is not None:
             sink(_error_result(rid, closed))
             return rid
-        self.send(TokenizedRequest(rid=rid, input_ids=ids, params=params, group=group))
+        try:
+            self.send(TokenizedRequest(rid=rid, input_ids=ids, params=params, group=group))
+        except BaseException:  # never sent: it must not stay in flight
+            with self._lock:
+                self.states.pop(rid, None)
+            raise
         return rid
 
     def abort(self, rid: str) -> None:
         if rid in self.states:
             self.send(AbortRequest(rid))
 
-    def in_flight(self) -> list[str]:
-        """Ids of the sequences still running."""
+    def in_flight(self, owner: str | None = None) -> list[str]:
+        """Ids of the sequences still running (only `owner`'s, if given)."""
         with self._lock:
-            return list(self.states)
+            return [r for r, s in self.states.items() if owner is None or s.owner == owner]
 
     def control(self, kind: str, arg: Any = None) -> Future[Any]:
         call_id = f"{self._prefix}-call-{next(self._ids)}"
@@ -224,7 +219,11 @@ class TokenizerManager:
 
     # --- results ----------------------------------------------------------------------
     def handle(self, msg: object) -> None:
-        """Deliver a BatchStrOut or ControlReply (called on the receiving thread)."""
+        """Deliver a BatchStrOut, ControlReply or Heartbeat (called on the receiving
+        thread)."""
+        if isinstance(msg, Heartbeat):
+            self.last_heartbeat = time.monotonic()
+            return
         if isinstance(msg, ControlReply):
             with self._lock:
                 fut = self.calls.pop(msg.call_id, None)

@@ -20,3 +20,11 @@ def make_decoder(tokenizer: PreTrainedTokenizerBase) -> DecodeFn:
         return str(tokenizer.decode(ids, skip_special_tokens=skip))
 
     return decode
+
+
+def max_token_chars(tokenizer: PreTrainedTokenizerBase) -> int:
+    """The most characters of text one token can stand for: the longest token in the
+    vocabulary, spelled as the tokenizer stores it (a byte-level token has a character per
+    byte, a byte-fallback token `<0x41>` six, and a text character takes at least one byte),
+    so that `len(text) > context * max_token_chars` cannot fit the context."""
+    return max((len(token) for token in tokenizer.get_vocab()), default=1) or 1

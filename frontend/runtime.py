@@ -43,9 +43,12 @@ class Runtime:
         self.port = port or free_port(host)
         self.url = f"http://{host}:{self.port}"
         self.api_key = api_key
-        flags = {"host": host, "port": self.port, "api_key": api_key, "log_level": log_level}
+        flags = {"host": host, "port": self.port, "log_level": log_level}
         self.command = serve_command(model, **flags, **server_args)
-        self.process = subprocess.Popen(self.command, stdin=subprocess.DEVNULL)
+        env = dict(os.environ)
+        if api_key is not None:  # the environment, not the command line (visible in ps)
+            env["PLAIT_API_KEY"] = api_key
+        self.process = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, env=env)
         atexit.register(self.close)
         try:
             self._wait_healthy(timeout)

@@ -8,6 +8,7 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from collections.abc import Iterator  # noqa: E402
+from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
@@ -38,9 +39,15 @@ def smollm2_engine() -> Iterator[Any]:
 
 
 @pytest.fixture(scope="session")
-def plait_server() -> Iterator[Runtime]:
+def profile_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shared server's --profile-dir."""
+    return tmp_path_factory.mktemp("profiles").resolve()
+
+
+@pytest.fixture(scope="session")
+def plait_server(profile_dir: Path) -> Iterator[Runtime]:
     """One `plait serve` (plait-tiny, small KV pool) shared by the server test modules."""
     from server_helpers import server_args
 
-    with Runtime(**server_args()) as runtime:
+    with Runtime(**server_args(profile_dir=profile_dir)) as runtime:
         yield runtime

@@ -241,13 +241,20 @@ def test_logit_bias_steers_sampling_in_a_mixed_batch(engine: Engine) -> None:
     assert out[2]["output_ids"] == [77] * 5
 
 
-def test_profile_records_steps_into_a_chrome_trace(engine: Engine, tmp_path: Path) -> None:
-    assert "started" in engine.start_profile(output_dir=str(tmp_path))
+def test_profile_records_steps_into_a_chrome_trace(tmp_path: Path) -> None:
+    with tiny_engine() as unset, pytest.raises(ValueError, match="profiling is off"):
+        unset.start_profile()
+    with tiny_engine(profile_dir=str(tmp_path)) as engine:
+        check_profiles(engine, tmp_path)
+
+
+def check_profiles(engine: Engine, tmp_path: Path) -> None:
+    assert "started" in engine.start_profile()
     with pytest.raises(ValueError, match="already"):
-        engine.start_profile(output_dir=str(tmp_path))
+        engine.start_profile()
     engine.generate("Profile me", greedy(4))
     path = Path(engine.stop_profile())
-    assert path.parent == tmp_path and path.suffix == ".json"
+    assert path.parent == tmp_path.resolve() and path.suffix == ".json"
     events = json.loads(path.read_text())["traceEvents"]
     names = {str(e.get("name", "")) for e in events}
     assert "plait.scheduler_step" in names and any(n.startswith("aten::") for n in names)
@@ -255,7 +262,9 @@ def test_profile_records_steps_into_a_chrome_trace(engine: Engine, tmp_path: Pat
         engine.stop_profile()
     with pytest.raises(ValueError, match="num_steps"):
         engine.start_profile(num_steps=0)
-    engine.start_profile(output_dir=str(tmp_path / "auto"), num_steps=2)
+    with pytest.raises(ValueError, match="relative path"):
+        engine.start_profile(output_dir=str(tmp_path))
+    engine.start_profile(output_dir="auto", num_steps=2)
     engine.generate("Stops by itself", greedy(6))
     assert len(list((tmp_path / "auto").glob("plait-trace-*.json"))) == 1
 

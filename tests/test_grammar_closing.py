@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -75,6 +76,19 @@ def json_matcher(compiler: xgr.GrammarCompiler, schema: dict[str, Any], text: st
     matcher = xgr.GrammarMatcher(grammar, terminate_without_stop_token=True)
     assert matcher.accept_string(text)
     return matcher
+
+
+def test_a_search_from_a_huge_parser_state_gives_up_at_once(
+    compiler: xgr.GrammarCompiler, completer: Completer
+) -> None:
+    """Thousands of alternatives xgrammar keeps as parser items (an enum larger than the
+    limits let through) make a state too large to search: the search returns nothing at once
+    instead of stalling the scheduler."""
+    schema = {"enum": [f"value number {i} here" for i in range(5000)]}
+    matcher = json_matcher(compiler, schema, '"value')
+    start = time.perf_counter()
+    assert completer.complete(matcher, text=b'"value', is_json=True) is None
+    assert time.perf_counter() - start < 1.0
 
 
 # --- the JSON lexer -----------------------------------------------------------------------

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -197,10 +199,21 @@ def tokenizer() -> PreTrainedTokenizerBase:
     return load_tokenizer(resolve_model_path("plait-tiny"))
 
 
-def backend(tokenizer: PreTrainedTokenizerBase, **config: Any) -> XGrammarBackend:
+@contextmanager
+def backend(tokenizer: PreTrainedTokenizerBase, **config: Any) -> Iterator[XGrammarBackend]:
     hooks = make_grammar(EngineConfig(**config), tokenizer, 16384)
     assert isinstance(hooks, XGrammarBackend)
-    return hooks
+    try:
+        yield hooks
+    finally:
+        hooks.close()
+
+
+@pytest.fixture(scope="module")
+def shared(tokenizer: PreTrainedTokenizerBase) -> Iterator[XGrammarBackend]:
+    """A backend with the default config (compile workers started once for the module)."""
+    with backend(tokenizer) as hooks:
+        yield hooks
 
 
 def request(rid: str, **params: object) -> Req:
@@ -211,7 +224,7 @@ def request(rid: str, **params: object) -> Req:
 def wait_ready(hooks: XGrammarBackend, reqs: Sequence[Req]) -> tuple[list[Req], list[Req]]:
     ready: list[Req] = []
     failed: list[Req] = []
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120  # the first compile waits for the workers to start
     while len(ready) + len(failed) < len(reqs) and time.monotonic() < deadline:
         r, f = hooks.poll()
         ready, failed = ready + r, failed + f
@@ -219,8 +232,8 @@ def wait_ready(hooks: XGrammarBackend, reqs: Sequence[Req]) -> tuple[list[Req], 
     return ready, failed
 
 
-def test_same_constraint_compiles_once(tokenizer: PreTrainedTokenizerBase) -> None:
-    hooks = backend(tokenizer)
+def test_same_constraint_compiles_once(shared: XGrammarBackend) -> None:
+    hooks = shared
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
     reqs = [request(f"r{i}", json_schema=schema) for i in range(3)]
     for req in reqs:
@@ -234,18 +247,16 @@ def test_same_constraint_compiles_once(tokenizer: PreTrainedTokenizerBase) -> No
 
 
 def test_cache_is_bounded(tokenizer: PreTrainedTokenizerBase) -> None:
-    hooks = backend(tokenizer, grammar_cache_size=2)
-    reqs = [request(f"r{i}", regex=f"a{{{i + 1}}}") for i in range(4)]
-    for req in reqs:
-        hooks.submit(req)
-        wait_ready(hooks, [req])
-    assert len(hooks.cache.entries) == 2
+    with backend(tokenizer, grammar_cache_size=2, grammar_workers=1) as hooks:
+        reqs = [request(f"r{i}", regex=f"a{{{i + 1}}}") for i in range(4)]
+        for req in reqs:
+            hooks.submit(req)
+            wait_ready(hooks, [req])
+        assert len(hooks.cache.entries) == 2
 
 
-def test_errors_name_the_problem_and_stay_with_their_request(
-    tokenizer: PreTrainedTokenizerBase,
-) -> None:
-    hooks = backend(tokenizer)
+def test_errors_name_the_problem_and_stay_with_their_request(shared: XGrammarBackend) -> None:
+    hooks = shared
     bad = {
         "schema": request("a", json_schema='{"type": "foo"}'),
         "json": request("b", json_schema="{not json"),
@@ -267,32 +278,54 @@ def test_errors_name_the_problem_and_stay_with_their_request(
     )
 
 
-def test_compile_timeout_fails_only_that_request(
-    tokenizer: PreTrainedTokenizerBase, monkeypatch: pytest.MonkeyPatch
+def test_a_compile_past_its_deadline_is_killed_and_queued_jobs_time_out_too(
+    tokenizer: PreTrainedTokenizerBase,
 ) -> None:
-    import plait.backend.grammar.compiler as gc
+    with backend(tokenizer, grammar_timeout_s=0.5, grammar_workers=1) as hooks:
+        pool = hooks.cache.pool
+        hooks.warm_up()
+        assert wait_for(lambda: pool.ready() == 1, 120)
+        (first,) = pool.pids()
+        slow = request("s", regex="a{2000}")  # its DFA takes seconds to build
+        queued = request("q", regex="[0-9]+")  # waits behind it on the one worker
+        hooks.submit(slow)
+        hooks.submit(queued)
+        ready, failed = wait_ready(hooks, [slow, queued])
+        assert ready == [] and set(failed) == {slow, queued}
+        for req in (slow, queued):
+            assert req.finished is not None
+            assert "timed out after 0.5s" in str(req.finished.message)
+        assert wait_for(lambda: pool.ready() == 1 and pool.pids() != [first], 120)
+        assert not pid_alive(first)
+        fine = request("f", regex="[a-c]+")
+        hooks.submit(fine)
+        assert wait_ready(hooks, [fine]) == ([fine], [])
+        again = request("s2", regex="a{2000}")  # a key that failed lately fails at once
+        hooks.submit(again)
+        assert again in hooks.poll()[1]
 
-    real = gc.compile_key
 
-    def slow(compiler: xgr.GrammarCompiler, key: gc.GrammarKey) -> gc.CompiledConstraint:
-        if key.kind == "regex" and key.text == "slow":
-            time.sleep(1.0)
-        return real(compiler, key)
-
-    monkeypatch.setattr(gc, "compile_key", slow)
-    hooks = backend(tokenizer, grammar_timeout_s=0.2)
-    slow_req, fast_req = request("s", regex="slow"), request("f", regex="fast")
-    hooks.submit(slow_req)
-    hooks.submit(fast_req)
-    ready, failed = wait_ready(hooks, [slow_req, fast_req])
-    assert ready == [fast_req] and failed == [slow_req]
-    assert slow_req.finished is not None and "timed out after 0.2s" in str(
-        slow_req.finished.message
-    )
+def wait_for(check: Any, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.05)
+    return bool(check())
 
 
-def test_masks_allow_exactly_the_grammar(tokenizer: PreTrainedTokenizerBase) -> None:
-    hooks = backend(tokenizer)
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_masks_allow_exactly_the_grammar(
+    tokenizer: PreTrainedTokenizerBase, shared: XGrammarBackend
+) -> None:
+    hooks = shared
     plain, digits = request("p"), request("d", regex="[0-9]{3}")
     hooks.submit(digits)
     wait_ready(hooks, [digits])
@@ -312,9 +345,9 @@ PERSON = {
 
 
 def test_jump_forward_appends_canonical_tokens_and_keeps_the_matcher_in_step(
-    tokenizer: PreTrainedTokenizerBase,
+    tokenizer: PreTrainedTokenizerBase, shared: XGrammarBackend
 ) -> None:
-    hooks = backend(tokenizer)
+    hooks = shared
     req = request("j", json_schema=PERSON)
     hooks.submit(req)
     wait_ready(hooks, [req])

@@ -155,15 +155,22 @@ def test_metrics_exposition(url: str) -> None:
     assert m["plait_kv_total_tokens"] == 16384
 
 
-def test_start_and_stop_profile_write_a_trace(url: str, tmp_path: Path) -> None:
-    r = httpx.post(url + "/start_profile", json={"output_dir": str(tmp_path)}, timeout=30)
+def test_start_and_stop_profile_write_a_trace(url: str, profile_dir: Path) -> None:
+    r = httpx.post(url + "/start_profile", json={"output_dir": "run1"}, timeout=30)
     assert r.status_code == 200, r.text
     assert generate(url, text="profiled", sampling_params=greedy(3)).status_code == 200
     r = httpx.post(url + "/stop_profile", timeout=120)
     assert r.status_code == 200, r.text
-    traces = list(tmp_path.glob("plait-trace-*.json"))
+    traces = list((profile_dir / "run1").glob("plait-trace-*.json"))
     assert len(traces) == 1 and str(traces[0]) in r.text
     again = httpx.post(url + "/stop_profile", timeout=30)
     assert again.status_code == 400 and "no profile" in error_message(again)
     bad = httpx.post(url + "/start_profile", json={"num_steps": -1}, timeout=30)
     assert bad.status_code == 400 and "num_steps" in error_message(bad)
+    for outside in ("/proc/self/nope", "../escape", "a/../../b"):
+        r = httpx.post(url + "/start_profile", json={"output_dir": outside}, timeout=30)
+        assert r.status_code == 400 and "output_dir" in error_message(r), r.text
+    (profile_dir / "a-file").write_text("not a directory")
+    r = httpx.post(url + "/start_profile", json={"output_dir": "a-file/sub"}, timeout=30)
+    assert r.status_code == 400 and "cannot create" in error_message(r), r.text
+    assert generate(url, text="still serving", sampling_params=greedy(2)).status_code == 200

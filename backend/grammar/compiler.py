@@ -1,9 +1,12 @@
-"""Compile constraints into xgrammar grammars off the scheduler thread, with a bounded cache.
+"""Compile constraints into xgrammar grammars, with a bounded cache.
 
-A request's constraint becomes a `GrammarKey` (kind + normalized text + JSON options). Keys
-are compiled on a small worker pool; requests with the same key share one compilation and,
-once it is done, one cached `CompiledConstraint`. The scheduler thread owns the cache and the
-job table, so no locks are needed: workers only run `compile_key` and record when they start.
+A request's constraint becomes a `GrammarKey` (kind + normalized text + JSON options).
+`build_grammar` turns a key into an xgrammar `Grammar` (schema rewriting and conversion, the
+regex DFA: the part whose cost has no bound), in a compile worker process (`workers`);
+`compile_built` compiles it against the vocabulary on a thread of the engine's process (cheap:
+token masks are built at first use). Neither runs on the scheduler's thread. Requests with the
+same key share one compilation and, once it is done, one cached `CompiledConstraint` (or its
+error). The scheduler thread owns the cache and the job table, so no locks are needed.
 """
 
 from __future__ import annotations
@@ -13,12 +16,12 @@ import json
 import re
 import time
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import xgrammar as xgr
 
+from plait.backend.constraint_limits import regex_size
 from plait.backend.grammar.regex_fsm import RegexFSM
 from plait.backend.grammar.schema.rewrite import rewrite_schema
 from plait.backend.grammar.schema.warnings import SchemaGap, gap_warnings, schema_gaps
@@ -29,11 +32,15 @@ from plait.backend.grammar.structural_tag import (
 )
 from plait.backend.sampling_params import SamplingParams
 
+if TYPE_CHECKING:
+    from plait.backend.grammar.workers import CompileJob, WorkerPool
+
 # Whitespace between JSON tokens when any_whitespace is on: enough for indented output,
 # too little for a model to flood the output with spaces.
 MAX_JSON_WHITESPACE = 16
 COMPACT_SEPARATORS = (",", ":")
 JSON_OBJECT_SCHEMA = '{"type":"object"}'
+MAX_FSM_REGEX_SIZE = 2000  # larger regexes jump forward with xgrammar's string, no own DFA
 _XGR_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: (Check failed: \(.*?\) is false: )?")
 
 
@@ -64,7 +71,8 @@ class CompiledConstraint:
 
 def new_compiler(info: xgr.TokenizerInfo) -> xgr.GrammarCompiler:
     """The engine's compiler settings: our own LRU caches results, and token masks are built
-    on first use (compiling a large schema takes milliseconds instead of seconds)."""
+    on first use (compiling a large schema takes milliseconds instead of seconds; the limits
+    of `constraint_limits` keep that first use bounded)."""
     return xgr.GrammarCompiler(
         info, max_threads=1, cache_enabled=False, enable_dynamic_compilation=True
     )
@@ -125,39 +133,58 @@ def choices_ebnf(choices: list[str]) -> str:
     return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
 
 
-def compile_key(compiler: xgr.GrammarCompiler, key: GrammarKey) -> CompiledConstraint:
-    """Compile one key (runs on a worker thread); raises GrammarError naming the problem."""
-    start = time.perf_counter()
+@dataclass(frozen=True)
+class BuiltGrammar:
+    """A key's grammar before compilation (no vocabulary yet), its regex DFA and warnings."""
+
+    grammar: xgr.Grammar
+    regex_fsm: RegexFSM | None = None
+    warnings: tuple[str, ...] = ()
+
+
+def build_grammar(key: GrammarKey) -> BuiltGrammar:
+    """The grammar of one key: the costly, unbounded part (schema rewriting and conversion,
+    the regex DFA), run in a compile worker process; raises GrammarError naming the problem."""
     try:
-        grammar, fsm, warnings = _compile(compiler, key)
+        return _build(key)
     except RuntimeError as exc:
         raise GrammarError(f"invalid {key.kind}: {clean_error(exc)}") from exc
-    elapsed = time.perf_counter() - start
-    return CompiledConstraint(key, grammar, fsm, warnings, elapsed)
 
 
-def _compile(
-    compiler: xgr.GrammarCompiler, key: GrammarKey
-) -> tuple[xgr.CompiledGrammar, RegexFSM | None, tuple[str, ...]]:
+def compile_built(
+    compiler: xgr.GrammarCompiler, key: GrammarKey, built: BuiltGrammar, *, since: float
+) -> CompiledConstraint:
+    """Compile a built grammar against the vocabulary (token masks come at first use)."""
+    try:
+        grammar = compiler.compile_grammar(built.grammar)
+    except RuntimeError as exc:
+        raise GrammarError(f"invalid {key.kind}: {clean_error(exc)}") from exc
+    elapsed = time.perf_counter() - since
+    return CompiledConstraint(key, grammar, built.regex_fsm, built.warnings, elapsed)
+
+
+def compile_key(compiler: xgr.GrammarCompiler, key: GrammarKey) -> CompiledConstraint:
+    """Build and compile one key in this process (tests, benchmarks)."""
+    start = time.perf_counter()
+    return compile_built(compiler, key, build_grammar(key), since=start)
+
+
+def _build(key: GrammarKey) -> BuiltGrammar:
     if key.kind in ("json_schema", "json_object"):
-        return _compile_json(compiler, key)
+        grammar, warnings = _json_grammar(key)
+        return BuiltGrammar(grammar, None, warnings)
     if key.kind == "regex":
-        return compiler.compile_regex(key.text), RegexFSM.build(key.text), ()
+        small = regex_size(key.text, cap=MAX_FSM_REGEX_SIZE) <= MAX_FSM_REGEX_SIZE
+        fsm = RegexFSM.build(key.text) if small else None
+        return BuiltGrammar(xgr.Grammar.from_regex(key.text), fsm)
     if key.kind == "choices":
-        return compiler.compile_grammar(choices_ebnf(json.loads(key.text))), None, ()
+        return BuiltGrammar(xgr.Grammar.from_ebnf(choices_ebnf(json.loads(key.text))))
     if key.kind == "ebnf":
-        return compiler.compile_grammar(key.text), None, ()
+        return BuiltGrammar(xgr.Grammar.from_ebnf(key.text))
     if key.kind == "structural_tag":
         text, warnings = expand_json_schemas(key.text, lambda schema: _section_ebnf(key, schema))
-        return compiler.compile_structural_tag(text), None, warnings
+        return BuiltGrammar(xgr.Grammar.from_structural_tag(text), None, warnings)
     raise GrammarError(f"unknown constraint kind {key.kind!r}")
-
-
-def _compile_json(
-    compiler: xgr.GrammarCompiler, key: GrammarKey
-) -> tuple[xgr.CompiledGrammar, None, tuple[str, ...]]:
-    grammar, warnings = _json_grammar(key)
-    return compiler.compile_grammar(grammar), None, warnings
 
 
 def _section_ebnf(key: GrammarKey, schema: Any) -> tuple[str, tuple[str, ...]]:
@@ -188,58 +215,51 @@ def clean_error(exc: BaseException) -> str:
     return _XGR_PREFIX.sub("", first)
 
 
-@dataclass
-class CompileJob:
-    """One key being compiled; `started` is set by the worker when it begins."""
-
-    key: GrammarKey
-    future: Future[CompiledConstraint] | None = None
-    started: float | None = None
-
-
 class GrammarCache:
-    """Compiled grammars by key (LRU, `capacity` entries) and the jobs still compiling."""
+    """Compiled grammars by key (LRU, `capacity` entries), the jobs still compiling (one per
+    key, shared by every request that asks for it), and the keys that failed lately (a
+    failure is not retried for each request that repeats it)."""
 
-    def __init__(self, *, compiler: xgr.GrammarCompiler, capacity: int, workers: int) -> None:
-        self.compiler = compiler
+    def __init__(self, *, pool: WorkerPool, capacity: int, timeout_s: float) -> None:
+        self.pool = pool
         self.capacity = max(capacity, 0)
+        self.timeout_s = timeout_s
         self.entries: OrderedDict[GrammarKey, CompiledConstraint] = OrderedDict()
+        self.failures: OrderedDict[GrammarKey, str] = OrderedDict()
         self.jobs: dict[GrammarKey, CompileJob] = {}
-        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="plait-grammar")
 
-    def get(self, key: GrammarKey) -> CompiledConstraint | None:
+    def get(self, key: GrammarKey) -> CompiledConstraint | str | None:
+        """The compiled grammar of `key`, the error it failed with lately, or None."""
         entry = self.entries.get(key)
         if entry is not None:
             self.entries.move_to_end(key)
-        return entry
+            return entry
+        return self.failures.get(key)
 
     def start(self, key: GrammarKey) -> CompileJob:
         """The job compiling `key`, started now unless one is already running."""
         job = self.jobs.get(key)
         if job is None:
-            job = CompileJob(key)
-            job.future = self.pool.submit(self._run, job)
+            job = self.pool.submit(key, timeout_s=self.timeout_s)
             self.jobs[key] = job
         return job
 
-    def _run(self, job: CompileJob) -> CompiledConstraint:
-        job.started = time.monotonic()
-        return compile_key(self.compiler, job.key)
-
     def collect(self) -> None:
-        """Move finished compilations into the cache (failed ones are dropped)."""
+        """Move finished compilations into the cache, failed ones into `failures`."""
         for key, job in list(self.jobs.items()):
-            assert job.future is not None
             if job.future.done():
                 del self.jobs[key]
-                if job.future.exception() is None:
-                    self.put(job.future.result())
+                exc = job.future.exception()
+                if exc is None:
+                    self._put(self.entries, key, job.future.result())
+                else:
+                    self._put(self.failures, key, str(exc))
 
-    def put(self, entry: CompiledConstraint) -> None:
-        self.entries[entry.key] = entry
-        self.entries.move_to_end(entry.key)
-        while len(self.entries) > self.capacity:
-            self.entries.popitem(last=False)
+    def _put(self, table: OrderedDict[GrammarKey, Any], key: GrammarKey, value: Any) -> None:
+        table[key] = value
+        table.move_to_end(key)
+        while len(table) > self.capacity:
+            table.popitem(last=False)
 
     def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.pool.close()

@@ -39,6 +39,7 @@ from plait.backend.grammar.json_lexer import JsonLex
 
 MAX_TRIALS = 4000  # bytes tried per search before giving up (each takes 5-50 us)
 MAX_SECONDS = 0.1  # and a wall-clock stop: a few regex states take ~1 ms per mask
+MAX_STATE_CHARS = 1 << 16  # parser states printed larger than this (huge enums) end the search
 BEST_FIRST = 0.25  # share of the budget for the A* pass; the depth-first pass gets the rest
 MAX_DEPTH = 1024  # bytes a depth-first completion may take
 MAX_RUN = 64  # bytes in a row that keep a node's parser items (minLength 64, [a-z]{64})
@@ -58,6 +59,10 @@ Key = tuple[frozenset[Item], int, object]
 
 class CompleterUnavailable(RuntimeError):
     """This xgrammar version does not report its parser state in the expected form."""
+
+
+class SearchTooLarge(RuntimeError):
+    """The grammar's parser state is too large to search from (thousands of alternatives)."""
 
 
 @dataclass
@@ -98,6 +103,10 @@ class _Budget:
         self.used += 1
         return self.used <= self.trials and time.perf_counter() <= self.deadline
 
+    def expired(self) -> bool:
+        """The time is up (checked after each costly matcher call, not only per trial)."""
+        return time.perf_counter() > self.deadline
+
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
 
@@ -125,17 +134,21 @@ class Completer:
 
     def complete(self, matcher: xgr.GrammarMatcher, *, text: bytes, is_json: bool) -> bytes | None:
         """The bytes after which `matcher` (which has accepted `text`) is complete; b"" if
-        it already is, None when the search gives up. `matcher` is left as it was."""
+        it already is, None when the search gives up (out of budget, or a parser state too
+        large to search). `matcher` is left as it was."""
         if matcher.is_completed():
             return b""
-        root = _Node(b"", JsonLex.scan(text) if is_json else None)
-        root.allowed = self._allowed(matcher)
-        first = _Budget(int(self.max_trials * BEST_FIRST), self.max_seconds * BEST_FIRST)
-        found = self._best_first(matcher, root, base=len(text), budget=first)
-        if found is not None:
-            return found
-        rest = _Budget(self.max_trials - first.used, self.max_seconds - first.elapsed())
-        return self._depth_first(matcher.fork(), root, base=len(text), budget=rest)
+        try:
+            root = _Node(b"", JsonLex.scan(text) if is_json else None)
+            root.allowed = self._allowed(matcher)
+            first = _Budget(int(self.max_trials * BEST_FIRST), self.max_seconds * BEST_FIRST)
+            found = self._best_first(matcher, root, base=len(text), budget=first)
+            if found is not None:
+                return found
+            rest = _Budget(self.max_trials - first.used, self.max_seconds - first.elapsed())
+            return self._depth_first(matcher.fork(), root, base=len(text), budget=rest)
+        except SearchTooLarge:
+            return None
 
     def _best_first(
         self, matcher: xgr.GrammarMatcher, root: _Node, *, base: int, budget: _Budget
@@ -159,6 +172,8 @@ class Completer:
                     seen.add(key)
                     child.matcher = node.matcher.fork()
                     child.allowed = self._allowed(child.matcher)
+                    if budget.expired():
+                        return None
                     cost = len(child.text)
                     rank = cost + WEIGHT * (child.estimate + child.run - 1)
                     heapq.heappush(heap, (rank, -cost, len(seen), child))
@@ -186,6 +201,8 @@ class Completer:
                 if child.run <= MAX_RUN and key not in seen and len(child.text) < MAX_DEPTH:
                     seen.add(key)
                     child.allowed = self._allowed(matcher)
+                    if budget.expired():
+                        return None
                     path.append((child, iter(child.allowed)))
                     break
                 matcher.rollback(1)
@@ -218,6 +235,8 @@ class Completer:
 def parser_items(matcher: xgr.GrammarMatcher) -> list[Item]:
     """(rule, sequence, element, start, sub-element) of each Earley item of the last step."""
     state = matcher._debug_print_internal_state()
+    if len(state) > MAX_STATE_CHARS:
+        raise SearchTooLarge(f"parser state of {len(state)} characters")
     items = [(int(a), int(b), int(c), int(d), int(e)) for a, b, c, d, e in ITEM.findall(state)]
     if not items:
         raise CompleterUnavailable(f"unexpected matcher state format: {state[:200]!r}")

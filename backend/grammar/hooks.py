@@ -40,6 +40,8 @@ class GrammarHooks(Protocol):
       changed, or None. It also sets `req.hold_from`, the first output token that may still
       be rewritten (not emitted until the request ends or that changes).
     - `release(req)`: forget the request's matcher.
+    - `warm_up()`: start the compile workers now, not at the first constrained request.
+    - `close()`: stop the compile workers.
     """
 
     def submit(self, req: Req) -> None: ...
@@ -53,3 +55,7 @@ class GrammarHooks(Protocol):
     def after_sample(self, req: Req) -> Rewrite | None: ...
 
     def release(self, req: Req) -> None: ...
+
+    def warm_up(self) -> None: ...
+
+    def close(self) -> None: ...

@@ -1,41 +1,83 @@
 """Token bitmasks of a step's constrained requests, filled on a worker thread while the
-forward runs (xgrammar releases the GIL)."""
+forward runs (xgrammar releases the GIL).
+
+A row whose matcher fails is reported with its exception (its request fails, the others
+are filled one by one). A fill that has not finished after `timeout_s` is abandoned: its
+thread cannot be stopped, so the filler moves on to a new thread and every request of that
+fill is reported failed (their matchers stay with the old thread and are never used again).
+"""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
 
 import torch
 import xgrammar as xgr
 
-from plait.backend.grammar.hooks import MaskWaiter
-
 TIMING_LOG_SIZE = 1 << 16
+FILL_TIMEOUT_S = 20.0
+
+log = logging.getLogger("plait.grammar")
+
+
+@dataclass(frozen=True)
+class Filled:
+    """A filled int32 [rows, ceil(V/32)] mask, and the rows whose matcher failed."""
+
+    mask: torch.Tensor | None
+    failed: dict[int, Exception] = field(default_factory=dict)
+
+
+FillWaiter = Callable[[], Filled]
 
 
 class MaskFiller:
     """Fills bitmask rows on a worker thread; int32 [rows, ceil(V/32)], pinned for CUDA.
     `log` keeps (seconds, rows) of recent fills."""
 
-    def __init__(self, *, vocab_size: int, pin: bool) -> None:
+    def __init__(self, *, vocab_size: int, pin: bool, timeout_s: float = FILL_TIMEOUT_S) -> None:
         self.words = (vocab_size + 31) // 32
         self.pin = pin
+        self.timeout_s = timeout_s
         self.buffer = torch.empty((0, self.words), dtype=torch.int32)
+        self.log: deque[tuple[float, int]] = deque(maxlen=TIMING_LOG_SIZE)
+        self._new_thread()
+
+    def _new_thread(self) -> None:
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="plait-mask")
         self.batch = xgr.BatchGrammarMatcher(max_threads=1)
-        self.log: deque[tuple[float, int]] = deque(maxlen=TIMING_LOG_SIZE)
 
-    def begin(self, matchers: Sequence[xgr.GrammarMatcher | None]) -> MaskWaiter:
+    def begin(self, matchers: Sequence[xgr.GrammarMatcher | None]) -> FillWaiter:
         rows = [i for i, m in enumerate(matchers) if m is not None]
         if not rows:
-            return lambda: None
+            return lambda: Filled(None)
         mask = self._rows(len(matchers))
         chosen = [m for m in matchers if m is not None]
-        job = self.pool.submit(self._fill, chosen, mask=mask, rows=rows)
-        return lambda: job.result()
+        job = self.pool.submit(self._fill, self.batch, chosen, mask=mask, rows=rows)
+
+        def wait() -> Filled:
+            try:
+                return job.result(timeout=self.timeout_s)
+            except FutureTimeout:
+                return self._abandon(rows)
+
+        return wait
+
+    def _abandon(self, rows: list[int]) -> Filled:
+        """The fill is stuck: leave it to its thread, fail its rows, use a new thread (and a
+        new buffer, which the old thread may still write)."""
+        log.error("a grammar mask fill took over %gs; abandoning it", self.timeout_s)
+        self.pool.shutdown(wait=False)
+        self._new_thread()
+        self.buffer = torch.empty((0, self.words), dtype=torch.int32)
+        error = TimeoutError(f"filling the grammar mask took over {self.timeout_s:g}s")
+        return Filled(None, {row: error for row in rows})
 
     def _rows(self, n: int) -> torch.Tensor:
         if self.buffer.shape[0] < n:
@@ -44,9 +86,30 @@ class MaskFiller:
         return self.buffer[:n]
 
     def _fill(
-        self, matchers: list[xgr.GrammarMatcher], *, mask: torch.Tensor, rows: list[int]
-    ) -> torch.Tensor:
+        self,
+        batch: xgr.BatchGrammarMatcher,
+        matchers: list[xgr.GrammarMatcher],
+        *,
+        mask: torch.Tensor,
+        rows: list[int],
+    ) -> Filled:
         start = time.perf_counter()
-        self.batch.batch_fill_next_token_bitmask(matchers, mask, rows)
+        try:
+            batch.batch_fill_next_token_bitmask(matchers, mask, rows)
+        except Exception:  # noqa: BLE001 - fill row by row to find the matchers at fault
+            log.exception("filling grammar masks failed; filling each row alone")
+            return Filled(mask, self._fill_each(matchers, mask=mask, rows=rows))
         self.log.append((time.perf_counter() - start, len(rows)))
-        return mask
+        return Filled(mask)
+
+    @staticmethod
+    def _fill_each(
+        matchers: list[xgr.GrammarMatcher], *, mask: torch.Tensor, rows: list[int]
+    ) -> dict[int, Exception]:
+        failed: dict[int, Exception] = {}
+        for matcher, row in zip(matchers, rows, strict=True):
+            try:
+                matcher.fill_next_token_bitmask(mask, row)
+            except Exception as exc:  # noqa: BLE001 - this row's request fails
+                failed[row] = exc
+        return failed

@@ -9,6 +9,7 @@ near the token limit, a completion (`rewrite`).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -21,22 +22,26 @@ from transformers import PreTrainedTokenizerBase
 from plait.backend.config import EngineConfig
 from plait.backend.grammar.compiler import (
     CompiledConstraint,
-    CompileJob,
     GrammarCache,
     GrammarError,
     clean_error,
     grammar_key,
-    new_compiler,
 )
 from plait.backend.grammar.hooks import GrammarHooks, MaskWaiter, Rewrite
 from plait.backend.grammar.jump_forward import Encoder, Retokenizer
 from plait.backend.grammar.masks import TIMING_LOG_SIZE, MaskFiller
 from plait.backend.grammar.matcher import RequestGrammar
 from plait.backend.grammar.rewrite import Rewriter
-from plait.backend.req import FinishReason, Req
+from plait.backend.grammar.workers import MAX_GRAMMAR_BYTES, CompileJob, WorkerPool
+from plait.backend.req import INTERNAL_ERROR, FinishReason, Req
 from plait.kernels.bitmask import prepare_cpu_kernel
 
-COMPILE_WORKERS = 2
+# past the workers' own deadline (which a worker's start may push back), the scheduler gives
+# up by itself
+TIMEOUT_GRACE_S = 120.0
+
+
+log = logging.getLogger("plait.grammar")
 
 
 @dataclass(frozen=True)
@@ -61,8 +66,9 @@ class XGrammarBackend:
         self.config = config
         self.info = info
         self.token_bytes = retokenizer.token_bytes
+        pool = WorkerPool(info=info, size=config.grammar_workers, max_bytes=MAX_GRAMMAR_BYTES)
         self.cache = GrammarCache(
-            compiler=new_compiler(info), capacity=config.grammar_cache_size, workers=COMPILE_WORKERS
+            pool=pool, capacity=config.grammar_cache_size, timeout_s=config.grammar_timeout_s
         )
         self.rewriter = Rewriter(retokenizer=retokenizer, jump_forward=config.enable_jump_forward)
         self.filler = MaskFiller(vocab_size=info.vocab_size, pin=pin)
@@ -92,34 +98,41 @@ class XGrammarBackend:
             if outcome is None:
                 continue
             del self.waiting[req]
+            if not isinstance(outcome, str):
+                try:
+                    self._attach(req, outcome)
+                except Exception as exc:  # noqa: BLE001 - this request fails, not the poll
+                    log.exception("starting the grammar of %s failed", req.rid)
+                    outcome = f"{INTERNAL_ERROR}: starting its grammar failed: {exc!r}"
             if isinstance(outcome, str):
                 req.finish(FinishReason("error", message=outcome))
                 failed.append(req)
             else:
-                self._attach(req, outcome)
                 ready.append(req)
         self._collect()
         return ready, failed
+
+    def warm_up(self) -> None:
+        """Start the compile workers now rather than at the first constrained request."""
+        self.cache.pool.start()
 
     def _outcome(self, waiting: _Waiting) -> CompiledConstraint | str | None:
         source = waiting.source
         if not isinstance(source, CompileJob):
             return source
-        assert source.future is not None
+        limit = self.config.grammar_timeout_s
         if source.future.done():
             exc = source.future.exception()
             if exc is None:
                 return source.future.result()
             return str(exc) if isinstance(exc, GrammarError) else f"grammar: {clean_error(exc)}"
-        started = max(source.started or float("inf"), waiting.since)
-        limit = self.config.grammar_timeout_s
-        if time.monotonic() - started > limit:
+        if time.monotonic() - waiting.since > limit + TIMEOUT_GRACE_S:
             return f"{source.key.kind}: grammar compilation timed out after {limit:g}s"
         return None
 
     def _collect(self) -> None:
         for job in self.cache.jobs.values():
-            if job.future is not None and job.future.done() and job.future.exception() is None:
+            if job.future.done() and job.future.exception() is None:
                 self.compile_log.append(job.future.result().compile_s)
         self.cache.collect()
 
@@ -130,7 +143,16 @@ class XGrammarBackend:
 
     # --- decoding ---------------------------------------------------------------------
     def begin_fill(self, reqs: Sequence[Req]) -> MaskWaiter:
-        return self.filler.begin([_matcher(r) for r in reqs])
+        """Start filling; the waiter fails the requests whose row could not be filled."""
+        wait = self.filler.begin([_matcher(r) for r in reqs])
+
+        def waiter() -> torch.Tensor | None:
+            filled = wait()
+            for row, exc in filled.failed.items():
+                reqs[row].fail(f"{INTERNAL_ERROR}: its grammar mask failed: {exc}")
+            return filled.mask
+
+        return waiter
 
     def accept(self, req: Req, token: int) -> None:
         """Advance the matcher; a token outside the grammar (only possible when every
@@ -151,6 +173,9 @@ class XGrammarBackend:
     def release(self, req: Req) -> None:
         self.waiting.pop(req, None)
         req.grammar = None
+
+    def close(self) -> None:
+        self.cache.close()
 
 
 def _drop_last_token(req: Req) -> None:

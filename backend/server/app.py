@@ -1,69 +1,112 @@
 """The HTTP application: a FastAPI app built around one Engine by `create_app`.
 
 No global state: the app factory binds the routes of `openai_api` and `native_api` to a
-`ServerContext`, adds bearer-token authentication (every path but /health) when an API key
-is set, maps every error onto a JSON body (validation errors: HTTP 400 naming the field),
-serves /metrics, and watches the engine: once a child process dies it reports unhealthy,
-and after a short grace calls `on_fatal` (the launcher stops uvicorn and exits non-zero).
+`ServerContext`, adds authentication (`auth`: API and admin keys, each request's caller) and
+a request body limit (413), maps every error onto a JSON body (validation errors: HTTP 400
+naming the field), serves /metrics, and watches the engine: once a child process dies it
+reports unhealthy, and after a short grace calls `on_fatal` (the launcher stops uvicorn and
+exits non-zero).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from dataclasses import dataclass
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
+from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from plait.backend.engine import Engine
 from plait.backend.request_checks import RequestError
+from plait.backend.server.auth import AuthConfig, AuthMiddleware
+from plait.backend.server.chat_render import ChatRenderer, TemplateLimits
 from plait.backend.server.native_api import NativeApi
 from plait.backend.server.openai_api import OpenAIApi
-from plait.backend.server.protocol import ApiError, error_body, validation_message
+from plait.backend.server.protocol import (
+    ApiError,
+    SafeJSONResponse,
+    error_body,
+    validation_message,
+)
 from plait.backend.server.serving import ServerContext
 
 WATCH_INTERVAL_S = 0.1
 STATS_TIMEOUT_S = 5.0
-OPEN_PATHS = frozenset({"/health"})
+DEFAULT_MAX_BODY_BYTES = 16 << 20
 
 log = logging.getLogger("plait.server")
 
 
 @dataclass(frozen=True)
 class ServerSettings:
-    """HTTP-side settings: the name the model is served under, the API key, and how long
-    to keep reporting unhealthy before shutting down after a child process died."""
+    """HTTP-side settings: the name the model is served under; who may call (`auth`); the
+    largest request body; whether a request may bring its own chat template, and the bounds
+    templates render under; after how long without a scheduler heartbeat /health reports
+    503; how long to keep reporting unhealthy before shutting down after a child died."""
 
     model_name: str | None = None
-    api_key: str | None = None
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    allow_request_chat_template: bool = False
+    template_timeout_s: float = 5.0
+    health_stall_s: float = 30.0
     fatal_grace_s: float = 1.0
 
 
-class ApiKeyMiddleware:
-    """Reject requests without `Authorization: Bearer <key>` (HTTP 401), except OPEN_PATHS."""
+class BodyTooLarge(Exception):
+    """A request body passed the limit while it was being read."""
 
-    def __init__(self, app: ASGIApp, *, api_key: str) -> None:
+
+class BodyLimitMiddleware:
+    """HTTP 413 for a body over `limit` bytes: at once from its Content-Length, or as soon as
+    that many bytes have arrived."""
+
+    def __init__(self, app: ASGIApp, *, limit: int) -> None:
         self.app = app
-        self.expected = f"Bearer {api_key}".encode()
+        self.limit = limit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS or self._authorized(scope):
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        body = error_body(401, "missing or invalid API key (Authorization: Bearer <key>)")
-        response = JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})
-        await response(scope, receive, send)
+        length = dict(scope.get("headers") or []).get(b"content-length", b"0")
+        if not length.isdigit() or int(length) > self.limit:
+            await self._refuse(scope, receive, send)
+            return
+        seen, over, refused = 0, False, False
 
-    def _authorized(self, scope: Scope) -> bool:
-        headers = dict(scope.get("headers") or [])
-        return hmac.compare_digest(headers.get(b"authorization", b""), self.expected)
+        async def counted() -> Message:
+            nonlocal seen, over
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                over = True
+                raise BodyTooLarge()
+            return message
+
+        async def guarded(message: Message) -> None:  # the app's answer to a cut body
+            nonlocal refused
+            if not over:
+                await send(message)
+            elif not refused:
+                refused = True
+                await self._refuse(scope, receive, send)
+
+        with suppress(BodyTooLarge):
+            await self.app(scope, counted, guarded)
+        if over and not refused:
+            await self._refuse(scope, receive, send)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        message = f"body: the request body is larger than {self.limit} bytes"
+        response = SafeJSONResponse(error_body(413, message, param="body"), status_code=413)
+        await response(scope, receive, send)
 
 
 def create_app(
@@ -74,16 +117,25 @@ def create_app(
 ) -> FastAPI:
     """The server application around `engine` (in-process or multi-process)."""
     settings = settings or ServerSettings()
-    ctx = ServerContext(engine=engine, model_name=settings.model_name or engine.info.model)
+    ctx = ServerContext(
+        engine=engine,
+        model_name=settings.model_name or engine.info.model,
+        renderer=ChatRenderer(
+            special_tokens=engine.tokenizer.special_tokens_map,
+            limits=TemplateLimits(settings.template_timeout_s, engine.max_prompt_chars),
+        ),
+        allow_request_chat_template=settings.allow_request_chat_template,
+        health_stall_s=settings.health_stall_s,
+    )
     engine.tokenizer_manager.observer = ctx.metrics.observe
     lifespan = _lifespan(ctx, grace_s=settings.fatal_grace_s, on_fatal=on_fatal)
-    app = FastAPI(title="plait", lifespan=lifespan)
+    app = FastAPI(title="plait", lifespan=lifespan, default_response_class=SafeJSONResponse)
     _add_error_handlers(app)
     app.include_router(OpenAIApi(ctx).router())
     app.include_router(NativeApi(ctx).router())
     app.add_api_route("/metrics", _metrics_endpoint(ctx), methods=["GET"])
-    if settings.api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
+    app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
+    app.add_middleware(AuthMiddleware, auth=settings.auth)  # outermost: runs first
     return app
 
 
@@ -97,6 +149,7 @@ def _lifespan(
             yield
         finally:
             watcher.cancel()
+            ctx.executor.shutdown(wait=False, cancel_futures=True)
 
     return lifespan
 
@@ -125,24 +178,24 @@ def _metrics_endpoint(ctx: ServerContext) -> Callable[[], object]:
 def _add_error_handlers(app: FastAPI) -> None:
     async def on_api_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ApiError)
-        return JSONResponse(error_body(exc.status, exc.message, param=exc.param), exc.status)
+        return SafeJSONResponse(error_body(exc.status, exc.message, param=exc.param), exc.status)
 
     async def on_request_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestError)
-        return JSONResponse(error_body(400, str(exc), param=exc.field), status_code=400)
+        return SafeJSONResponse(error_body(400, str(exc), param=exc.field), status_code=400)
 
     async def on_validation(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
         message, field = validation_message(exc.errors())
-        return JSONResponse(error_body(400, message, param=field), status_code=400)
+        return SafeJSONResponse(error_body(400, message, param=field), status_code=400)
 
     async def on_http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, HTTPException)
-        return JSONResponse(error_body(exc.status_code, str(exc.detail)), exc.status_code)
+        return SafeJSONResponse(error_body(exc.status_code, str(exc.detail)), exc.status_code)
 
     async def on_other(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error in %s", request.url.path, exc_info=exc)
-        return JSONResponse(error_body(500, f"internal error: {exc!r}"), status_code=500)
+        return SafeJSONResponse(error_body(500, f"internal error: {exc!r}"), status_code=500)
 
     app.add_exception_handler(ApiError, on_api_error)
     app.add_exception_handler(RequestError, on_request_error)

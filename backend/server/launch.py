@@ -27,6 +27,7 @@ import uvicorn
 from plait.backend.config import EngineConfig
 from plait.backend.engine import Engine
 from plait.backend.server.app import ServerSettings, create_app
+from plait.backend.server.auth import ADMIN_KEY_ENV, API_KEY_ENV, AuthConfig, gather_keys
 
 ALIASES = {"max_running_requests": "--max-running", "chunked_prefill_size": "--chunked-prefill"}
 HELP = {
@@ -37,6 +38,12 @@ HELP = {
     "kv_tokens": "KV-cache pool size in tokens (default: sized from free memory)",
     "max_running_requests": "most requests decoded together",
     "chunked_prefill_size": "prompt tokens per prefill chunk (0: no chunking)",
+    "profile_dir": (
+        "the only directory /start_profile writes traces under (default: $PLAIT_PROFILE_DIR; "
+        "without either, profiling is refused)"
+    ),
+    "grammar_workers": "processes that compile grammars (one past its deadline is killed)",
+    "grammar_timeout_s": "seconds a grammar may take to compile, queueing included",
 }
 GRACEFUL_SHUTDOWN_S = 3
 SHUTDOWN_MESSAGE = "the server is shutting down"
@@ -51,8 +58,7 @@ class ServerArgs:
     engine: EngineConfig = field(default_factory=EngineConfig)
     host: str = "127.0.0.1"
     port: int = 30000
-    api_key: str | None = None
-    served_model_name: str | None = None
+    settings: ServerSettings = field(default_factory=ServerSettings)
     log_level: str = "info"
 
 
@@ -78,12 +84,46 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of `plait serve`: HTTP settings and one per EngineConfig field."""
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=30000)
-    parser.add_argument("--api-key", default=None, help="require Authorization: Bearer KEY")
     parser.add_argument("--served-model-name", default=None, help="model id in the API")
     parser.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"]
     )
-    engine = parser.add_argument_group("engine (EngineConfig fields)")
+    _add_http_arguments(parser.add_argument_group("access and limits"))
+    _add_engine_arguments(parser.add_argument_group("engine (EngineConfig fields)"))
+
+
+def _add_http_arguments(group: argparse._ArgumentGroup) -> None:
+    defaults = ServerSettings()
+    group.add_argument(
+        "--api-key", default=None,
+        help=f"require Authorization: Bearer KEY (also ${API_KEY_ENV}, --api-key-file)",
+    )  # fmt: skip
+    group.add_argument("--api-key-file", default=None, help="accepted API keys, one per line")
+    group.add_argument(
+        "--admin-api-key", default=None,
+        help=f"a key that may also abort any request (also ${ADMIN_KEY_ENV})",
+    )  # fmt: skip
+    group.add_argument("--admin-api-key-file", default=None, help="admin keys, one per line")
+    group.add_argument(
+        "--max-body-bytes", type=int, default=defaults.max_body_bytes,
+        help=f"largest request body; larger ones get 413 (default {defaults.max_body_bytes})",
+    )  # fmt: skip
+    group.add_argument(
+        "--allow-request-chat-template", action="store_true",
+        help="run chat templates that requests send (chat_template_kwargs.chat_template)",
+    )  # fmt: skip
+    group.add_argument(
+        "--chat-template-timeout", type=float, default=defaults.template_timeout_s,
+        help=f"seconds a chat template may render (default {defaults.template_timeout_s:g})",
+    )  # fmt: skip
+    group.add_argument(
+        "--health-stall-timeout", type=float, default=defaults.health_stall_s,
+        help="/health answers 503 once the scheduler has not reported for this many seconds "
+        f"(default {defaults.health_stall_s:g})",
+    )  # fmt: skip
+
+
+def _add_engine_arguments(engine: argparse._ArgumentGroup) -> None:
     hints = typing.get_type_hints(EngineConfig)
     for f in dataclasses.fields(EngineConfig):
         flags = [f"--{f.name.replace('_', '-')}"] + ([ALIASES[f.name]] if f.name in ALIASES else [])
@@ -104,12 +144,23 @@ def _flag_kind(hint: Any) -> dict[str, Any]:
 
 def args_from_namespace(ns: argparse.Namespace) -> ServerArgs:
     engine = {f.name: getattr(ns, f.name) for f in dataclasses.fields(EngineConfig)}
+    api_keys = gather_keys(key=ns.api_key, key_file=ns.api_key_file, env=API_KEY_ENV)
+    admin_keys = gather_keys(
+        key=ns.admin_api_key, key_file=ns.admin_api_key_file, env=ADMIN_KEY_ENV
+    )
+    settings = ServerSettings(
+        model_name=ns.served_model_name,
+        auth=AuthConfig.from_keys(api_keys, admin_keys),
+        max_body_bytes=ns.max_body_bytes,
+        allow_request_chat_template=ns.allow_request_chat_template,
+        template_timeout_s=ns.chat_template_timeout,
+        health_stall_s=ns.health_stall_timeout,
+    )
     return ServerArgs(
         engine=EngineConfig(**engine),
         host=ns.host,
         port=ns.port,
-        api_key=ns.api_key,
-        served_model_name=ns.served_model_name,
+        settings=settings,
         log_level=ns.log_level,
     )
 
@@ -136,7 +187,7 @@ def serve(args: ServerArgs) -> int:
 
 
 def _run_http(engine: Engine, args: ServerArgs) -> None:
-    settings = ServerSettings(model_name=args.served_model_name, api_key=args.api_key)
+    settings = args.settings
     server: PlaitServer | None = None
 
     def stop() -> None:

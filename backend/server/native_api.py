@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from plait.backend.profiler import ProfileRequest
 from plait.backend.request_checks import prompt_batch
+from plait.backend.server.auth import caller_of
 from plait.backend.server.protocol import AbortBody, ApiError, GenerateRequest, error_body
 from plait.backend.server.serving import (
     Chunks,
@@ -38,6 +39,7 @@ from plait.backend.server.serving import (
 )
 
 HEALTH_TIMEOUT_S = 20.0
+MAX_RID_CHARS = 256
 # SGLang sampling fields plait accepts only at their "off" value, and ones it ignores.
 UNSUPPORTED_FIELDS = ("custom_params",)
 IGNORED_FIELDS = ("spaces_between_special_tokens", "stream_interval")
@@ -65,10 +67,11 @@ class NativeApi:
         return router
 
     async def generate(self, body: GenerateRequest, request: Request) -> Any:
-        ctx, (jobs, single) = self.ctx, generate_jobs(self.ctx, body)
+        ctx = self.ctx
+        jobs, single = await ctx.offload(generate_jobs, ctx, body)
         started, text = time.monotonic(), body.return_text_in_logprobs
         if body.stream:
-            events = await open_stream(ctx, jobs)
+            events = await open_stream(ctx, request, jobs)
             return sse(generate_chunks(ctx, jobs=jobs, events=events, text=text, single=single))
         results = await collect(ctx, request, jobs=jobs)
         outs = [
@@ -126,16 +129,26 @@ class NativeApi:
             raise ApiError(400, f"stop_profile: {exc}") from exc
         return PlainTextResponse(f"profile written to {path}\n")
 
-    async def abort_request(self, body: AbortBody) -> Response:
-        """Abort `rid` (and its samples `rid.i`), or everything with `abort_all`."""
+    async def abort_request(self, body: AbortBody, request: Request) -> Response:
+        """Abort `rid` (and its samples `rid.i`) if the caller started it (an admin: any
+        request), or everything with `abort_all` (admins only)."""
+        caller = caller_of(request)
+        if body.abort_all and not caller.admin:
+            raise ApiError(403, "abort_all: needs the admin API key", param="abort_all")
         tm = self.ctx.engine.tokenizer_manager
-        for rid in tm.in_flight():
+        for rid in tm.in_flight(owner=None if caller.admin else caller.identity):
             if body.abort_all or rid == body.rid or rid.startswith(f"{body.rid}."):
                 tm.abort(rid)
         return Response(status_code=200)
 
     async def health(self) -> Response:
-        failure = self.ctx.engine.failure
+        """200 while serving; 503 once a child process died, or while the scheduler has not
+        reported for `health_stall_s` (it is stuck in a step)."""
+        engine = self.ctx.engine
+        failure = engine.failure
+        silence = engine.scheduler_silence()
+        if failure is None and silence > self.ctx.health_stall_s:
+            failure = f"the scheduler has not reported for {silence:.0f}s"
         if failure is not None:
             return JSONResponse(error_body(503, failure), status_code=503)
         return Response(status_code=200)
@@ -165,11 +178,16 @@ def _version() -> str:
 
 # --- request -> jobs ----------------------------------------------------------------------
 def generate_jobs(ctx: ServerContext, req: GenerateRequest) -> tuple[list[Job], bool]:
-    """One Job per prompt; the flag says a single (non-batch) prompt was given."""
-    prompts = prompt_batch(text=req.text, input_ids=req.input_ids, encode=ctx.encode)
+    """One Job per prompt; the flag says a single (non-batch) prompt was given. (Tokenizes:
+    runs on the preparation threads.)"""
+    prompts = prompt_batch(
+        text=req.text, input_ids=req.input_ids, encode=ctx.encode, max_chars=ctx.max_prompt_chars
+    )
     count = len(prompts.ids)
     params = _per_item(req.sampling_params, count=count, name="sampling_params", default={})
     rids = _per_item(req.rid, count=count, name="rid", default=None)
+    if any(rid is not None and len(rid) > MAX_RID_CHARS for rid in rids):
+        raise ApiError(400, f"rid: at most {MAX_RID_CHARS} characters", param="rid")
     want_logprobs = _per_item(req.return_logprob, count=count, name="return_logprob", default=False)
     starts = _per_item(req.logprob_start_len, count=count, name="logprob_start_len", default=-1)
     tops = _per_item(req.top_logprobs_num, count=count, name="top_logprobs_num", default=0)
@@ -180,6 +198,8 @@ def generate_jobs(ctx: ServerContext, req: GenerateRequest) -> tuple[list[Job], 
             start = starts[i] if starts[i] is not None and starts[i] >= 0 else len(ids) - 1
             fields.update(return_logprob=True, logprob_start_len=start)
             fields.update(top_logprobs_num=tops[i] or 0)
+        if req.input_ids is not None:
+            ctx.check_ids(ids, field=prompts.field)
         job = Job(ids, make_params(fields), rids[i])
         max_new, max_field = job.params.max_new_tokens, "sampling_params.max_new_tokens"
         ctx.check_lengths(

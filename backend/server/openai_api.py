@@ -13,7 +13,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from plait.backend.request_checks import prompt_batch
+from plait.backend.request_checks import check_text, prompt_batch
 from plait.backend.sampling_params import CONSTRAINT_FIELDS, WIRE
 from plait.backend.server.openai_format import (
     chat_chunks,
@@ -70,60 +70,65 @@ class OpenAIApi:
         return {"object": "list", "data": [model_card(self.ctx)]}
 
     async def completions(self, body: CompletionRequest, request: Request) -> Any:
-        ctx, jobs = self.ctx, completion_jobs(self.ctx, body)
+        ctx = self.ctx
+        jobs = await ctx.offload(completion_jobs, ctx, body)
         if body.stream:
-            events = await open_stream(ctx, jobs)
+            events = await open_stream(ctx, request, jobs)
             return sse(completion_chunks(ctx, body, jobs=jobs, events=events))
         results = await collect(ctx, request, jobs=jobs)
         return completion_response(ctx, body, jobs=jobs, results=results)
 
     async def chat(self, body: ChatCompletionRequest, request: Request) -> Any:
-        ctx, jobs = self.ctx, chat_jobs(self.ctx, body)
+        ctx = self.ctx
+        jobs = await ctx.offload(chat_jobs, ctx, body)
         if body.stream:
-            return sse(chat_chunks(ctx, body, jobs=jobs, events=await open_stream(ctx, jobs)))
+            events = await open_stream(ctx, request, jobs)
+            return sse(chat_chunks(ctx, body, jobs=jobs, events=events))
         results = await collect(ctx, request, jobs=jobs)
         return chat_response(ctx, body, jobs=jobs, results=results)
 
     async def tokenize(self, body: TokenizeRequest) -> dict[str, Any]:
-        """Token ids of a prompt (or of chat messages rendered by the template)."""
-        ctx = self.ctx
-        check_model(ctx, body.model)
-        if (body.prompt is None) == (body.messages is None):
-            raise ApiError(400, "prompt: give prompt or messages, not both", param="prompt")
-        if body.messages is not None:
-            functions = tuple(t.function for t in body.tools or ())
-            plan = ToolPlan(functions, required=False, parallel=True)
-            ids = render_chat(
-                ctx, body.messages, plan if body.tools else None,
-                add_generation_prompt=body.add_generation_prompt,
-            )  # fmt: skip
-        else:
-            tokens = ctx.engine.tokenizer.encode(
-                body.prompt, add_special_tokens=body.add_special_tokens
-            )
-            ids = [int(t) for t in tokens]
-        out: dict[str, Any] = {
-            "count": len(ids),
-            "max_model_len": ctx.engine.info.context_len,
-            "tokens": ids,
-        }
-        if body.return_token_strs:
-            out["token_strs"] = ctx.engine.tokenizer.convert_ids_to_tokens(ids)
-        return out
+        return await self.ctx.offload(tokenize, self.ctx, body)
 
     async def detokenize(self, body: DetokenizeRequest) -> dict[str, Any]:
-        """The text of token ids."""
-        ctx = self.ctx
-        check_model(ctx, body.model)
-        vocab = ctx.engine.info.vocab_size
-        bad = [t for t in body.tokens if not 0 <= t < vocab]
-        if bad:
-            raise ApiError(
-                400,
-                f"tokens: ids out of the vocabulary (0..{vocab - 1}): {bad[:5]}",
-                param="tokens",
-            )
-        return {"prompt": str(ctx.engine.tokenizer.decode(body.tokens))}
+        return await self.ctx.offload(detokenize, self.ctx, body)
+
+
+def tokenize(ctx: ServerContext, body: TokenizeRequest) -> dict[str, Any]:
+    """Token ids of a prompt (or of chat messages rendered by the template)."""
+    check_model(ctx, body.model)
+    if (body.prompt is None) == (body.messages is None):
+        raise ApiError(400, "prompt: give prompt or messages, not both", param="prompt")
+    if body.messages is not None:
+        functions = tuple(t.function for t in body.tools or ())
+        plan = ToolPlan(functions, required=False, parallel=True)
+        ids = render_chat(
+            ctx, body.messages, plan if body.tools else None,
+            add_generation_prompt=body.add_generation_prompt,
+        )  # fmt: skip
+    else:
+        prompt = body.prompt or ""
+        check_text(prompt, field="prompt")
+        if len(prompt) > ctx.max_prompt_chars:
+            raise ApiError(400, "prompt: longer than the model's context can hold", param="prompt")
+        ids = [int(t) for t in ctx.engine.tokenizer.encode(
+            prompt, add_special_tokens=body.add_special_tokens
+        )]  # fmt: skip
+    out: dict[str, Any] = {
+        "count": len(ids),
+        "max_model_len": ctx.engine.info.context_len,
+        "tokens": ids,
+    }
+    if body.return_token_strs:
+        out["token_strs"] = ctx.engine.tokenizer.convert_ids_to_tokens(ids)
+    return out
+
+
+def detokenize(ctx: ServerContext, body: DetokenizeRequest) -> dict[str, Any]:
+    """The text of token ids."""
+    check_model(ctx, body.model)
+    ctx.check_ids(body.tokens, field="tokens")
+    return {"prompt": str(ctx.engine.tokenizer.decode(body.tokens))}
 
 
 def model_card(ctx: ServerContext) -> dict[str, Any]:
@@ -220,7 +225,11 @@ def completion_jobs(ctx: ServerContext, req: CompletionRequest) -> list[Job]:
     if req.best_of not in (None, params.n):
         raise ApiError(400, "best_of: only best_of == n is supported", param="best_of")
     jobs = []
-    for ids in prompt_batch(**prompt_fields(req.prompt), encode=ctx.encode).ids:
+    given = prompt_fields(req.prompt)
+    prompts = prompt_batch(**given, encode=ctx.encode, max_chars=ctx.max_prompt_chars)
+    for ids in prompts.ids:
+        if given["input_ids"] is not None:
+            ctx.check_ids(ids, field="prompt")
         names = {"prompt_field": "prompt", "max_field": "max_tokens"}
         ctx.check_lengths(len(ids), max_new=params.max_new_tokens, **names)
         jobs.append(Job(ids, params))
@@ -240,7 +249,7 @@ def chat_jobs(ctx: ServerContext, req: ChatCompletionRequest) -> list[Job]:
     plan = plan_tools(req)
     if req.top_logprobs and not req.logprobs:
         raise ApiError(400, "top_logprobs: requires logprobs=true", param="top_logprobs")
-    ids = render_chat(ctx, req.messages, plan, **(req.chat_template_kwargs or {}))
+    ids = render_chat(ctx, req.messages, plan, **template_kwargs(ctx, req))
     fields, names = sampling_fields(req)
     if req.max_completion_tokens is not None:
         fields["max_new_tokens"] = req.max_completion_tokens
@@ -268,18 +277,42 @@ def chat_jobs(ctx: ServerContext, req: ChatCompletionRequest) -> list[Job]:
     return [Job(ids, params)]
 
 
+def template_kwargs(ctx: ServerContext, req: ChatCompletionRequest) -> dict[str, Any]:
+    """`chat_template_kwargs`; a template of the request's own (`chat_template`) only when
+    the server allows it (`--allow-request-chat-template`)."""
+    kwargs = dict(req.chat_template_kwargs or {})
+    if "chat_template" in kwargs and not ctx.allow_request_chat_template:
+        raise ApiError(
+            400, "chat_template_kwargs.chat_template: this server does not run chat templates "
+            "sent by clients (--allow-request-chat-template)",
+            param="chat_template_kwargs.chat_template",
+        )  # fmt: skip
+    return kwargs
+
+
 def render_chat(
     ctx: ServerContext,
     messages: list[ChatMessage],
     plan: ToolPlan | None,
-    **template_kwargs: Any,
+    *,
+    chat_template: Any = None,
+    add_generation_prompt: bool = True,
+    **kwargs: Any,
 ) -> list[int]:
-    """Token ids of `messages` (and the tools of `plan`) through the chat template."""
+    """Token ids of `messages` (and the tools of `plan`) through the model's chat template
+    (or the request's `chat_template`: a template, or the name of one of the model's),
+    rendered in the bounded sandbox. (Runs on the preparation threads.)"""
     if not messages:
         raise ApiError(400, "messages: must not be empty", param="messages")
-    template = str(getattr(ctx.engine.tokenizer, "chat_template", None) or "")
-    rendered, extra = template_messages(messages, plan, template=template)
+    tokenizer = ctx.engine.tokenizer
+    model_template = str(getattr(tokenizer, "chat_template", None) or "")
+    rendered, extra = template_messages(messages, plan, template=model_template)
     try:
-        return ctx.engine.tokenizer_manager.chat_ids(rendered, **{**extra, **template_kwargs})
+        template = tokenizer.get_chat_template(chat_template, extra.get("tools"))
+        text = ctx.renderer.render(
+            template, rendered, add_generation_prompt=add_generation_prompt, **{**extra, **kwargs}
+        )
     except Exception as exc:  # noqa: BLE001 - template errors are the request's fault
         raise ApiError(400, f"messages: chat template failed: {exc}", param="messages") from exc
+    check_text(text, field="messages")
+    return list(tokenizer.encode(text, add_special_tokens=False))

@@ -8,9 +8,11 @@ names the field (`validation_message`).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from plait.backend.sampling_params import MAX_TOP_LOGPROBS, OPENAI_FIELDS, VLLM_FIELDS, VLLM_GUIDED
@@ -33,6 +35,17 @@ def error_body(status: int, message: str, *, param: str | None = None) -> dict[s
     """`{"error": {...}}` as OpenAI sends it (SGLang's clients read `error.message`)."""
     kind = "invalid_request_error" if status < 500 else "server_error"
     return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+
+
+class SafeJSONResponse(JSONResponse):
+    """JSON that is always valid UTF-8: a lone surrogate a client sent (and that an error
+    message quotes back) is written as its JSON escape instead of failing the response."""
+
+    def render(self, content: Any) -> bytes:
+        try:
+            return super().render(content)
+        except UnicodeEncodeError:
+            return json.dumps(content, allow_nan=False, separators=(",", ":")).encode("ascii")
 
 
 def validation_message(errors: Sequence[Any]) -> tuple[str, str | None]:

@@ -11,26 +11,33 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from plait.backend.engine import Engine
-from plait.backend.request_checks import check_lengths
+from plait.backend.req import INTERNAL_ERROR
+from plait.backend.request_checks import check_lengths, check_token_ids
 from plait.backend.sampling_params import SamplingParams
+from plait.backend.server.auth import caller_of
+from plait.backend.server.chat_render import ChatRenderer
 from plait.backend.server.metrics import ServerMetrics
 from plait.backend.server.protocol import ApiError, error_body
 
+T = TypeVar("T")
+LEADING_FIELD = re.compile(r"^(?:sampling_params\.)?([A-Za-z_][\w.]*(?:\[\d+\])?): ")
+PREP_THREADS = 4
 Event = tuple[int, dict[str, Any]]
 Events = AsyncGenerator[Event, None]
 Chunks = AsyncGenerator[dict[str, Any], None]
-INTERNAL_ERROR_PREFIX = "internal error"
 
 
 @dataclass(frozen=True)
@@ -44,12 +51,26 @@ class Job:
 
 @dataclass
 class ServerContext:
-    """What every handler needs: the engine, the served model name, metrics."""
+    """What every handler needs: the engine, the served model name, metrics, the chat
+    template renderer, and the thread pool that tokenizes and renders off the event loop."""
 
     engine: Engine
     model_name: str
+    renderer: ChatRenderer
+    allow_request_chat_template: bool = False
+    health_stall_s: float = 30.0
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
     created: int = field(default_factory=lambda: int(time.time()))
+    executor: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(PREP_THREADS, thread_name_prefix="plait-prep")
+    )
+
+    async def offload(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)` on the preparation threads (tokenization, chat templates), so the
+        event loop (and /health) never waits on it."""
+        return await asyncio.get_running_loop().run_in_executor(
+            self.executor, functools.partial(fn, *args)
+        )
 
     @property
     def context_len(self) -> int:
@@ -61,6 +82,14 @@ class ServerContext:
 
     def encode(self, text: str) -> list[int]:
         return self.engine.tokenizer_manager.encode(text)
+
+    @property
+    def max_prompt_chars(self) -> int:
+        return self.engine.max_prompt_chars
+
+    def check_ids(self, ids: Sequence[int], *, field: str) -> None:
+        """A RequestError naming `field` unless every id is in the model's vocabulary."""
+        check_token_ids(ids, vocab_size=self.engine.info.vocab_size, field=field)
 
     def check_lengths(
         self, prompt_len: int, *, max_new: int, prompt_field: str, max_field: str
@@ -97,7 +126,11 @@ def make_params(
 
 
 def field_named(message: str) -> str | None:
-    """The sampling-parameter field an error message names first (for the error's `param`)."""
+    """The field an error message names (for the error's `param`): the `field:` it starts
+    with, as every request check writes it, else the first sampling-parameter name in it."""
+    lead = LEADING_FIELD.match(message)
+    if lead:
+        return lead.group(1)
     fields = SamplingParams.model_fields
     hits = [(m.start(), f) for f in fields if (m := re.search(rf"\b{f}\b", message))]
     return min(hits)[1] if hits else None
@@ -107,7 +140,7 @@ def error_status(ctx: ServerContext, message: str) -> int:
     """503 once the runtime is gone or shutting down, 500 for internal errors, else 400."""
     if ctx.engine.failure is not None or ctx.engine.tokenizer_manager.closed is not None:
         return 503
-    return 500 if message.startswith(INTERNAL_ERROR_PREFIX) else 400
+    return 500 if message.startswith(INTERNAL_ERROR) else 400
 
 
 def raise_if_error(ctx: ServerContext, item: dict[str, Any]) -> None:
@@ -118,17 +151,19 @@ def raise_if_error(ctx: ServerContext, item: dict[str, Any]) -> None:
 
 
 # --- running jobs -------------------------------------------------------------------------
-def _stream(ctx: ServerContext, jobs: Sequence[Job], *, stream: bool) -> Events:
+def _stream(ctx: ServerContext, jobs: Sequence[Job], *, stream: bool, owner: str) -> Events:
     requests = [(job.input_ids, job.params) for job in jobs]
-    return ctx.engine.stream_batch(requests, rids=[job.rid for job in jobs], stream=stream)
+    rids = [job.rid for job in jobs]
+    return ctx.engine.stream_batch(requests, rids=rids, stream=stream, owner=owner)
 
 
 async def collect(ctx: ServerContext, request: Request, *, jobs: Sequence[Job]) -> list[Any]:
     """Final result of every sample (flat, job-major); 499 if the client disconnects."""
     results: list[Any] = [None] * sum(job.params.n for job in jobs)
+    owner = caller_of(request).identity
 
     async def run() -> None:
-        async with contextlib.aclosing(_stream(ctx, jobs, stream=False)) as events:
+        async with contextlib.aclosing(_stream(ctx, jobs, stream=False, owner=owner)) as events:
             async for index, item in events:
                 raise_if_error(ctx, item)
                 results[index] = item
@@ -158,10 +193,10 @@ async def wait_disconnect(request: Request) -> None:
         pass
 
 
-async def open_stream(ctx: ServerContext, jobs: Sequence[Job]) -> Events:
+async def open_stream(ctx: ServerContext, request: Request, jobs: Sequence[Job]) -> Events:
     """The increments of `jobs`; raises ApiError before any event if the first one is an
     error. Close it (aclosing) to abort what still runs."""
-    events = _stream(ctx, jobs, stream=True)
+    events = _stream(ctx, jobs, stream=True, owner=caller_of(request).identity)
     try:
         first = await anext(events)
     except ValueError as exc:
