@@ -50,7 +50,7 @@ class _Batch(ctypes.Structure):
     _fields_ = [(n, _i64) for n in ("tokens", "table_rows", "table_width", "table_stride")]
     _fields_ += [("num_logits", _i64)]
     _fields_ += [(n, _ptr) for n in ("positions", "slots", "rows", "seq", "logits", "table")]
-    _fields_ += [("start", _ptr)]
+    _fields_ += [("embed", _ptr), ("start", _ptr)]
     _fields_ += [(n, _ptr) for n in ("work", "resid", "x", "qkv", "q", "attn", "lse", "y")]
     _fields_ += [(n, _ptr) for n in ("gu", "act")]
 
@@ -184,7 +184,7 @@ class DecodeStep:
             views[name] = floats[at : at + cap * width].view(cap, width)
             setattr(self._batch, name, views[name].data_ptr())
             at += cap * width
-        self._resid, self._x = views["resid"], views["x"]
+        self._x = views["x"]
         self._batch.start, self._batch.work = ints.data_ptr(), ints[cap:].data_ptr()
 
     def run(
@@ -206,16 +206,17 @@ class DecodeStep:
         view of scratch memory, valid until the next call. Raises ValueError (nothing
         written) when an index is out of range."""
         t, n = hidden.shape[0], logit_indices.numel()
-        if hidden.shape != (t, self.dims[0]) or hidden.dtype != torch.float32 or n > t:
+        if hidden.shape != (t, self.dims[0]) or hidden.dtype != torch.float32 or n > t or not hidden.is_cpu:
             raise ValueError(f"decode step: hidden must be fp32 [T, {self.dims[0]}], N <= T")
+        hidden = hidden.contiguous()
         table = req_to_token
         if table.dtype != torch.int32 or table.dim() != 2 or table.stride(1) != 1:
             raise ValueError("decode step: req_to_token must be a 2-D int32 table, rows strided")
         named = _named(positions, out_slots, rows, seq_lens)
         idx = [_index(name, v, t) for name, v in named] + [_index("logits", logit_indices, n)]
         self._reserve(max(t, 1))
-        self._resid[:t].copy_(hidden)
         b = self._batch
+        b.embed = hidden.data_ptr()
         b.tokens, b.table_rows, b.table_width, b.table_stride = t, *table.shape, table.stride(0)
         b.num_logits = n
         b.positions, b.slots, b.rows, b.seq, b.logits = (i.data_ptr() for i in idx)

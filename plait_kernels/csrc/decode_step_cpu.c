@@ -47,8 +47,9 @@ typedef struct {
     const int64_t *positions, *slots, *rows, *seq; /* [tokens] */
     const int64_t *logits;                         /* [num_logits]: tokens whose output is kept */
     const int32_t *table;                          /* req_to_token */
+    const float *embed;                            /* [tokens, hidden]: the input */
     int64_t *start, *work;                         /* [tokens], [tokens + 1] */
-    float *resid;                                  /* [tokens, hidden]: the embeddings on entry */
+    float *resid;                                  /* [tokens, hidden]: the residual stream */
     float *x, *qkv, *q, *attn, *lse, *y, *gu, *act; /* scratch; x[:num_logits]: the output */
 } step_batch_t;
 
@@ -264,12 +265,13 @@ static int layer(const step_model_t *m, const step_batch_t *b, const step_layer_
     return s;
 }
 
-/* The whole step: b->resid holds the tokens' embeddings on entry (and the residual stream
- * after); row i of b->x the final hidden state of token logits[i] on return. Returns 0, or a negative code: BAD_* (the
+/* The whole step: from the tokens' embeddings b->embed to row i of b->x, the final hidden
+ * state of token logits[i]. Returns 0, or a negative code: BAD_* (the
  * batch was rejected before anything was written), -1 out of memory, -2 a KV slot outside the
  * pool, -3 a shape the matmul does not take. */
 int plait_decode_step(const step_model_t *m, const step_batch_t *b, int threads) {
     int s = check_batch(m, b);
+    if (!s) memcpy(b->resid, b->embed, sizeof(float) * (size_t)(b->tokens * m->hidden));
     for (int64_t i = 0; !s && i < m->num_layers; ++i)
         s = layer(m, b, &m->layers[i], i == 0 ? NULL : b->y, threads);
     if (s) return s;
