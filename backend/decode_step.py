@@ -10,11 +10,13 @@ modules of the model. `EngineConfig.fused_decode=False` turns it off.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
-from torch import nn
 
 from plait.backend.forward_batch import ForwardBatch
 from plait.backend.kv_pool import TokenToKVPool
+from plait.backend.model import DecoderLayer, LlamaForCausalLM
 from plait.backend.quantized import QuantLinear
 from plait.kernels._step_native import DecodeStep, StepLayer, step_available
 
@@ -27,20 +29,21 @@ class FusedDecode:
         self.pool = pool
 
     @classmethod
-    def build(cls, model: nn.Module, pool: TokenToKVPool) -> FusedDecode | str:
-        """The fused step for `model` (a `LlamaForCausalLM`) over `pool`, or why it cannot
-        run (a sentence)."""
+    def build(cls, model: LlamaForCausalLM, pool: TokenToKVPool) -> FusedDecode | str:
+        """The fused step for `model` over `pool`, or why it cannot run (a sentence)."""
         reason = _unsupported(model, pool)
         if reason:
             return reason
-        cfg = model.cfg  # type: ignore[attr-defined]
+        cfg = model.cfg
         layers = []
-        for i, layer in enumerate(model.layers):  # type: ignore[attr-defined]
-            attn, mlp = layer.self_attn, layer.mlp
-            linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+        for i, layer in enumerate(_layers(model)):
+            qkv, o, gate_up, down = linears = _linears(layer)
             layers.append(
                 StepLayer(
-                    *(m.qweight for m in linears),
+                    qkv=qkv.qweight,
+                    o=o.qweight,
+                    gate_up=gate_up.qweight,
+                    down=down.qweight,
                     biases=tuple(m.bias for m in linears),
                     input_norm=layer.input_layernorm.weight,
                     post_norm=layer.post_attention_layernorm.weight,
@@ -50,8 +53,8 @@ class FusedDecode:
             )
         step = DecodeStep(
             layers,
-            final_norm=model.norm.weight,  # type: ignore[attr-defined]
-            cos_sin=model.cos_sin,  # type: ignore[attr-defined]
+            final_norm=model.norm.weight,
+            cos_sin=cast(torch.Tensor, model.cos_sin),
             heads=cfg.num_heads,
             eps=cfg.rms_norm_eps,
             scale=cfg.head_dim**-0.5,
@@ -78,7 +81,18 @@ class FusedDecode:
         )
 
 
-def _unsupported(model: nn.Module, pool: TokenToKVPool) -> str | None:
+def _layers(model: LlamaForCausalLM) -> list[DecoderLayer]:
+    return [cast(DecoderLayer, layer) for layer in model.layers]
+
+
+def _linears(layer: DecoderLayer) -> list[QuantLinear]:
+    """The layer's qkv, o, gate_up and down projections (quantized: checked before)."""
+    attn, mlp = layer.self_attn, layer.mlp
+    mods = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+    return [cast(QuantLinear, m) for m in mods]
+
+
+def _unsupported(model: LlamaForCausalLM, pool: TokenToKVPool) -> str | None:
     """Why the fused step cannot serve `model` over `pool`, or None when it can."""
     if not step_available():
         return "the C kernels cannot be built here"
@@ -86,9 +100,9 @@ def _unsupported(model: nn.Module, pool: TokenToKVPool) -> str | None:
         return "it runs on the CPU with an fp32 KV pool"
     if not all(p.dtype == torch.float32 and p.is_cpu for p in model.parameters()):
         return "it needs fp32 parameters on the CPU"
-    for layer in model.layers:  # type: ignore[attr-defined]
+    for layer in _layers(model):
         attn, mlp = layer.self_attn, layer.mlp
-        linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
-        if not all(isinstance(m, QuantLinear) for m in linears):
+        mods = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+        if not all(isinstance(m, QuantLinear) for m in mods):
             return "every linear layer of the decoder must be quantized"
     return None

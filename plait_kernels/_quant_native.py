@@ -23,7 +23,7 @@ _typed: list[ctypes.CDLL] = []  # the library whose argument types are set
 
 
 class _Weight(ctypes.Structure):
-    """``plait_weight_t`` of ``csrc/plait_kernels.h``: the packed tensors' addresses and the shape."""
+    """``plait_weight_t`` (``csrc/plait_kernels.h``): the packed tensors' addresses, the shape."""
 
     _fields_ = [("codes", _ptr), ("scales", _ptr), ("mins", _ptr)]
     _fields_ += [(name, _i64) for name in ("half", "bits", "group", "n", "k")]

@@ -128,7 +128,9 @@ class DecodeStep:
         slots, kv_heads, head_dim = first.k_pool.shape
         hidden, inter = first.qkv.k, first.down.k
         if heads % kv_heads or head_dim % 2 or first.qkv.n != (heads + 2 * kv_heads) * head_dim:
-            raise ValueError(f"decode step: {heads} heads do not fit a pool of {kv_heads} x {head_dim}")
+            raise ValueError(
+                f"decode step: {heads} heads do not fit a pool of {kv_heads} x {head_dim}"
+            )
         self.dims = (hidden, heads, kv_heads, head_dim, inter, int(slots))
         self._structs = (_Layer * len(self._layers))(*map(self._layer, self._layers))
         self._keep = (final_norm, cos_sin)
@@ -155,7 +157,8 @@ class DecodeStep:
         for name, (w, n, k) in shapes.items():
             if not isinstance(w, QuantWeight) or (w.n, w.k) != (n, k) or not w.codes.is_cpu:
                 raise ValueError(f"decode step: {name} must be a CPU QuantWeight [{n}, {k}]")
-        biases = [_check(f"{nm} bias", b, (shapes[nm][1],)) for nm, b in zip(shapes, layer.biases)]
+        named = zip(shapes, layer.biases, strict=True)
+        biases = [_check(f"{nm} bias", b, (shapes[nm][1],)) for nm, b in named]
         pool = (slots, kv_heads, head_dim)
         return _Layer(
             *(weight_descriptor(w) for w, _, _ in shapes.values()),
@@ -206,7 +209,12 @@ class DecodeStep:
         view of scratch memory, valid until the next call. Raises ValueError (nothing
         written) when an index is out of range."""
         t, n = hidden.shape[0], logit_indices.numel()
-        if hidden.shape != (t, self.dims[0]) or hidden.dtype != torch.float32 or n > t or not hidden.is_cpu:
+        if (
+            hidden.shape != (t, self.dims[0])
+            or hidden.dtype != torch.float32
+            or n > t
+            or not hidden.is_cpu
+        ):
             raise ValueError(f"decode step: hidden must be fp32 [T, {self.dims[0]}], N <= T")
         hidden = hidden.contiguous()
         table = req_to_token

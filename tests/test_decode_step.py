@@ -81,7 +81,9 @@ def prefill(runner: ModelRunner, lens: list[int], seed: int = 0) -> list[Seq]:
     gen = torch.Generator().manual_seed(seed)
     seqs = [Seq(row=2 * i + 1, ids=[]) for i in range(len(lens))]
     for seq, n in zip(seqs, lens, strict=True):  # one at a time: long extends go first
-        runner.forward(batch_for(runner, [seq], [torch.randint(3, 250, (n,), generator=gen).tolist()]))
+        runner.forward(
+            batch_for(runner, [seq], [torch.randint(3, 250, (n,), generator=gen).tolist()])
+        )
     return seqs
 
 
@@ -234,7 +236,9 @@ def test_fallback_without_a_compiler(monkeypatch: pytest.MonkeyPatch) -> None:
     layer, with the same results."""
     monkeypatch.setattr(step_native, "load_native", lambda name: None)
     runner = make_runner("int8")
-    assert runner.fused_decode.startswith("off (the C kernels") and runner.model.fused_decode is None
+    assert (
+        runner.fused_decode.startswith("off (the C kernels") and runner.model.fused_decode is None
+    )
     seqs = prefill(runner, [5], seed=1)
     assert runner.forward(batch_for(runner, seqs, [[3]])).isfinite().all()
     monkeypatch.undo()
