@@ -5,6 +5,7 @@ bounds checks, and the fallback without a C compiler."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,7 +14,7 @@ import torch
 
 import plait.kernels._step_native as step_native
 from helpers import greedy, tiny_engine
-from plait.backend.config import EngineConfig
+from plait.backend.config import MAX_DEFAULT_THREADS, EngineConfig, default_threads
 from plait.backend.decode_step import FusedDecode
 from plait.backend.engine import Engine
 from plait.backend.forward_batch import ForwardBatch
@@ -301,7 +302,7 @@ def test_real_model_fused_matches_layer_by_layer() -> None:
 
 @pytest.mark.real_model
 def test_real_model_engine_greedy_tokens_fused_or_not() -> None:
-    params = {"max_new_tokens": 48, "temperature": 0.0, "ignore_eos": True}
+    params = {"max_new_tokens": 32, "temperature": 0.0, "ignore_eos": True}
     outputs = []
     for fused in (True, False):
         config = {"kv_tokens": 4096, "num_threads": 1, "fused_decode": fused}
@@ -311,3 +312,13 @@ def test_real_model_engine_greedy_tokens_fused_or_not() -> None:
         outputs.append([o["output_ids"] for o in outs])
         assert alone["output_ids"] == outputs[-1][1]
     assert outputs[0] == outputs[1]
+
+
+def test_thread_count_default() -> None:
+    """num_threads=0 (the default) resolves to the physical cores this process may use, at
+    most MAX_DEFAULT_THREADS; an explicit count stays; a negative one is an error."""
+    assert EngineConfig().num_threads == default_threads()
+    assert 1 <= default_threads() <= min(MAX_DEFAULT_THREADS, len(os.sched_getaffinity(0)))
+    assert EngineConfig(num_threads=3).num_threads == 3
+    with pytest.raises(ValueError, match="num_threads"):
+        EngineConfig(num_threads=-1)
