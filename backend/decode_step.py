@@ -63,8 +63,12 @@ class FusedDecode:
         return cls(step, pool)
 
     def applies(self, batch: ForwardBatch, pool: TokenToKVPool) -> bool:
-        """Whether this batch takes the fused step: every token a decode query, this pool."""
-        return batch.num_extend_reqs == 0 and batch.num_tokens > 0 and pool is self.pool
+        """Whether this batch takes the fused step: every token a decode query, this pool
+        (and, with the portable C matmul, a small batch)."""
+        most = self.step.max_tokens
+        tokens = batch.num_tokens
+        fits = tokens > 0 and (most is None or tokens <= most)
+        return batch.num_extend_reqs == 0 and fits and pool is self.pool
 
     def __call__(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """The final-normed hidden states of the tokens `batch.logit_indices` [N, hidden]

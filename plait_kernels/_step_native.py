@@ -18,6 +18,7 @@ import torch
 
 from ._native import load_native
 from ._quant_native import ISAS, native_isa, pool_function, weight_descriptor
+from .quant import GENERIC_MAX_M
 from .quant_weight import QuantWeight
 
 _i64, _ptr, _f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
@@ -144,6 +145,8 @@ class DecodeStep:
         )  # fmt: skip
         self._capacity = 0
         self._batch = _Batch()
+        # The portable C matmul (no AVX2) loses to dequantize + GEMM from this many tokens on.
+        self.max_tokens = GENERIC_MAX_M - 1 if native_isa() == "generic" else None
 
     def _layer(self, layer: StepLayer) -> _Layer:
         hidden, heads, kv_heads, head_dim, inter, slots = self.dims
