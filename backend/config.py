@@ -3,11 +3,30 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Any
 
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
+MAX_DEFAULT_THREADS = 8  # a small model's decode step stops scaling well before this
+
+
+def default_threads() -> int:
+    """CPU threads when `num_threads` is 0: the physical cores this process may run on (SMT
+    siblings count once), at most `MAX_DEFAULT_THREADS`."""
+    try:
+        allowed = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        allowed = list(range(os.cpu_count() or 1))
+    cores = set()
+    for cpu in allowed:
+        try:
+            with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list") as f:
+                cores.add(f.read().strip())
+        except OSError:
+            cores.add(str(cpu))
+    return max(1, min(len(cores), MAX_DEFAULT_THREADS))
 
 
 @dataclass(frozen=True)
@@ -20,6 +39,11 @@ class EngineConfig:
     `mem_fraction` of free device memory (capped at `max_kv_tokens_cpu` on CPU).
     `chunked_prefill_size=0` disables chunked prefill. `profile_dir`: the only directory
     profiles are written under (None: $PLAIT_PROFILE_DIR, or profiling is off).
+    `num_threads`: CPU threads for torch and the C kernels (0: `default_threads()`, the
+    physical cores this process may use, at most 8; resolved at construction).
+    `fused_decode`: a decode-only batch on the CPU runs every layer in one C call when the
+    model allows it (quantized linear layers, fp32); False always takes the layer-by-layer
+    path (tests, debugging).
     """
 
     model: str = "plait-tiny"
@@ -44,9 +68,10 @@ class EngineConfig:
     min_new_token_ratio: float = 0.1
     new_token_ratio_decay: float = 0.002
     check_integrity: bool = False
-    num_threads: int = 1
+    num_threads: int = 0
     quantization: str = "auto"
     profile_dir: str | None = None
+    fused_decode: bool = True
 
     def __post_init__(self) -> None:
         if self.quantization not in QUANTIZATIONS:
@@ -61,6 +86,10 @@ class EngineConfig:
             raise ValueError("chunked_prefill_size must be >= 0, max_prefill_tokens >= 1")
         if self.kv_tokens is not None and self.kv_tokens < self.page_size:
             raise ValueError("kv_tokens must hold at least one page")
+        if self.num_threads < 0:
+            raise ValueError("num_threads must be >= 0 (0: one per available core)")
+        if self.num_threads == 0:
+            object.__setattr__(self, "num_threads", default_threads())
 
     @property
     def prefill_budget(self) -> int:

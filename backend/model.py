@@ -2,12 +2,15 @@
 
 Weights use the merged layout: `qkv_proj` stacks q, k and v; `gate_up_proj` stacks gate and
 up. The loader (loader.py) fills them from Hugging Face safetensors. Attention reads and writes
-K/V through `plait.kernels`, which run Triton on CUDA tensors and vectorized torch on CPU.
+K/V through `plait.kernels`, which run Triton on CUDA tensors and vectorized torch on CPU. A
+decode-only batch on the CPU takes the fused C step instead when one is attached
+(`fused_decode`, decode_step.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +20,9 @@ from plait.backend.forward_batch import ForwardBatch
 from plait.backend.kv_pool import TokenToKVPool
 from plait.backend.model_config import ModelConfig
 from plait.kernels import extend_attention, paged_decode_attention, rmsnorm, rope, store_kv
+
+if TYPE_CHECKING:
+    from plait.backend.decode_step import FusedDecode
 
 
 class RMSNorm(nn.Module):
@@ -134,7 +140,10 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """Decoder-only transformer; `forward` returns logits for `batch.logit_indices` only."""
+    """Decoder-only transformer; `forward` returns logits for `batch.logit_indices` only.
+
+    `fused_decode` (set by the model runner, None by default) runs a decode-only batch's
+    layers in one C call; every other batch goes layer by layer."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -147,16 +156,26 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         self.requires_grad_(False)
         self.register_buffer("cos_sin", cfg.cos_sin_cache(), persistent=False)
+        self.fused_decode: FusedDecode | None = None
 
     def forward(self, batch: ForwardBatch, pool: TokenToKVPool) -> torch.Tensor:
         """Run all layers over the batch's tokens; returns float32 logits [N, vocab]."""
         h = self.embed_tokens(batch.input_ids)
+        fused = self.fused_decode
+        if fused is not None and fused.applies(batch, pool):
+            h = fused(h, batch)  # only the rows of logit_indices
+        else:
+            h = self.decoder(h, batch, pool)[batch.logit_indices]
+        return self.lm_head(h).float()
+
+    def decoder(self, h: torch.Tensor, batch: ForwardBatch, pool: TokenToKVPool) -> torch.Tensor:
+        """The layers and the final norm, layer by layer: hidden states [T, hidden]."""
         residual: torch.Tensor | None = None
         cos_sin: torch.Tensor = self.cos_sin  # type: ignore[assignment]
         for layer in self.layers:
             h, residual = layer(h, residual, batch, pool, cos_sin)
         h, _ = self.norm(h, residual)
-        return self.lm_head(h[batch.logit_indices]).float()
+        return h
 
 
 def empty_model(

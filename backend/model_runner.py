@@ -9,6 +9,7 @@ import torch
 
 from plait.backend.builtin_models import resolve_model_path
 from plait.backend.config import EngineConfig
+from plait.backend.decode_step import FusedDecode
 from plait.backend.forward_batch import ForwardBatch
 from plait.backend.kv_manager import KVManager
 from plait.backend.kv_pool import ReqToTokenPool, TokenToKVPool
@@ -68,6 +69,18 @@ class ModelRunner:
             max_len=self.context_len + config.page_size,
             device=self.device,
         )
+        self.fused_decode = self._attach_fused_decode()
+
+    def _attach_fused_decode(self) -> str:
+        """Give the model the fused CPU decode step when the config asks for it and the model
+        allows it; returns "on" or why it is off."""
+        if not self.config.fused_decode:
+            return "off (fused_decode=False)"
+        built = FusedDecode.build(self.model, self.kv_pool)
+        if isinstance(built, str):
+            return f"off ({built})"
+        self.model.fused_decode = built
+        return "on"
 
     def kv_manager(self, *, disable_radix_cache: bool) -> KVManager:
         tree = RadixCache(pool=self.kv_pool, disabled=disable_radix_cache)

@@ -72,7 +72,7 @@ def native_decode(
                 _ptr(first[lo:hi]),
                 _ptr(last[lo:hi]),
                 *(ctypes.c_int64(n) for n in (req_to_token.stride(0), k_pool.shape[0])),
-                *(ctypes.c_int64(n) for n in (hi - lo, hq, hkv, d)),
+                *(ctypes.c_int64(n) for n in (hi - lo, hq, hkv, d, 0, hkv)),
                 ctypes.c_float(scale),
                 _ptr(out[lo:hi]),
                 _ptr(lse[lo:hi]),

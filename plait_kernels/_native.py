@@ -2,7 +2,8 @@
 
 The sources live in ``csrc`` beside this file. Each is built once per machine with the C compiler
 (``$CC``, else ``cc``; Triton needs one too) into ``$PLAIT_CACHE_DIR`` (default
-``~/.cache/plait``), named by a hash of the source and flags so an edit rebuilds it. Builds write
+``~/.cache/plait``), named by a hash of the source, the shared headers (``csrc/*.h``) and the
+flags, so an edit rebuilds it. Builds write
 a temporary file and rename it, so processes starting together do not see half-written files.
 When no compiler works, :func:`load_native` warns once and returns None and callers take their
 torch path instead.
@@ -22,7 +23,9 @@ import warnings
 from pathlib import Path
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-CFLAGS = ("-O3", "-shared", "-fPIC", "-std=c99", "-fopenmp-simd")
+# -fno-trapping-math changes no result (nothing here reads FP exception flags) and lets the
+# vectorizer if-convert loops with float selects (exp_nonpos in a softmax or silu).
+CFLAGS = ("-O3", "-shared", "-fPIC", "-std=c99", "-fopenmp-simd", "-fno-trapping-math")
 LIBS = ("-lm",)
 
 
@@ -37,7 +40,7 @@ def build_library(source: Path, *, cc: str, out_dir: Path) -> Path:
 
     Raises RuntimeError with the compiler's message when the build fails.
     """
-    text = source.read_bytes()
+    text = source.read_bytes() + b"".join(h.read_bytes() for h in sorted(CSRC.glob("*.h")))
     key = hashlib.sha256(text + " ".join((cc, *CFLAGS, *LIBS)).encode()).hexdigest()[:16]
     target = out_dir / f"{source.stem}-{key}-{platform.machine()}.so"
     if target.exists():
@@ -46,7 +49,7 @@ def build_library(source: Path, *, cc: str, out_dir: Path) -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
     os.close(fd)
     try:
-        cmd = [*shlex.split(cc), *CFLAGS, "-o", tmp, str(source), *LIBS]
+        cmd = [*shlex.split(cc), *CFLAGS, f"-I{CSRC}", "-o", tmp, str(source), *LIBS]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         if proc.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed: {proc.stderr.strip()[:2000]}")

@@ -23,7 +23,7 @@ _typed: list[ctypes.CDLL] = []  # the library whose argument types are set
 
 
 class _Weight(ctypes.Structure):
-    """``weight_t`` of the C file: the packed tensors' addresses and the shape."""
+    """``plait_weight_t`` (``csrc/plait_kernels.h``): the packed tensors' addresses, the shape."""
 
     _fields_ = [("codes", _ptr), ("scales", _ptr), ("mins", _ptr)]
     _fields_ += [(name, _i64) for name in ("half", "bits", "group", "n", "k")]
@@ -36,7 +36,8 @@ _descriptors: weakref.WeakKeyDictionary[QuantWeight, tuple[_Weight, int]] = (
 )
 
 
-def _descriptor(w: QuantWeight) -> int:
+def weight_descriptor(w: QuantWeight) -> int:
+    """Address of `w`'s ``plait_weight_t``, valid while `w` lives (built at its first use)."""
     got = _descriptors.get(w)
     if got is None:
         mins = None if w.mins is None else w.mins.data_ptr()
@@ -111,7 +112,7 @@ def native_quant_linear(
         x.data_ptr(),
         x.stride(0),
         m,
-        _descriptor(w),
+        weight_descriptor(w),
         None if bias is None else bias.data_ptr(),
         out.data_ptr(),
     )

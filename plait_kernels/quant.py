@@ -22,7 +22,7 @@ from .quant_weight import BLOCK_ROWS, QuantWeight, dequantize_rows, quantize_wei
 # Float elements of W the fallback dequantizes at once (4 MiB of fp32).
 _PANEL_ELEMS = 1 << 20
 # From this many rows of x the portable C kernel (5-9 GMAC/s) loses to dequantize + GEMM.
-_GENERIC_MAX_M = 32
+GENERIC_MAX_M = 32
 
 
 def quant_linear(
@@ -88,7 +88,7 @@ def quant_linear_torch(
     threads, default torch's count), else W dequantized a panel of rows at a time. The
     portable C build (no AVX2: e.g. ARM) takes only small M; a prefill is faster through
     dequantized panels and torch's GEMM there."""
-    if native and (x.shape[0] < _GENERIC_MAX_M or native_isa() != "generic"):
+    if native and (x.shape[0] < GENERIC_MAX_M or native_isa() != "generic"):
         out = native_quant_linear(x, w, bias, threads=threads)
         if out is not None:
             return out if x.dtype == torch.float32 else out.to(x.dtype)

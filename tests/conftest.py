@@ -34,7 +34,9 @@ def smollm2_engine() -> Iterator[Any]:
     """The real model (SmolLM2-135M-Instruct, float32), loaded once for the real-model tier."""
     from plait.backend.engine import Engine
 
-    with Engine("smollm2-135m", dtype="float32", kv_tokens=8192, check_integrity=True) as eng:
+    with Engine(
+        "smollm2-135m", dtype="float32", kv_tokens=8192, check_integrity=True, num_threads=1
+    ) as eng:
         yield eng
 
 

@@ -16,6 +16,7 @@ TEST_KV_TOKENS = 16384
 def tiny_engine(**config: Any) -> Engine:
     """plait-tiny with a small KV pool and integrity checks after every step."""
     config.setdefault("kv_tokens", TEST_KV_TOKENS)
+    config.setdefault("num_threads", 1)
     config.setdefault("check_integrity", True)
     return Engine("plait-tiny", **config)
 

@@ -19,7 +19,7 @@ MODEL = "plait-tiny"
 
 def server_args(**extra: Any) -> dict[str, Any]:
     """`plait serve` flags of the test servers (plait-tiny, small KV pool)."""
-    return {"kv_tokens": SERVER_KV_TOKENS, **extra}
+    return {"kv_tokens": SERVER_KV_TOKENS, "num_threads": 1, **extra}
 
 
 def children_of(pid: int) -> list[int]:

@@ -58,7 +58,7 @@ def test_engine_greedy_matches_transformers(case: Any) -> None:
     path, hf = case
     prompts = [list(range(5, 30)), [7, 9, 11] * 6, list(range(200, 240, 3))]
     params = {"max_new_tokens": 24, "temperature": 0.0, "ignore_eos": True}
-    with Engine(str(path), dtype="float32", kv_tokens=2048) as engine:
+    with Engine(str(path), dtype="float32", kv_tokens=2048, num_threads=1) as engine:
         outs = engine.generate(input_ids=prompts, sampling_params=params)
     for ids, out in zip(prompts, outs, strict=True):
         assert_hf_greedy(hf, ids, out["output_ids"])

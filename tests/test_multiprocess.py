@@ -25,7 +25,7 @@ def expected_ids() -> list[list[int]]:
 
 def test_processes_give_the_in_process_results() -> None:
     expected = expected_ids()
-    with Engine("plait-tiny", processes=True, kv_tokens=TEST_KV_TOKENS) as engine:
+    with Engine("plait-tiny", processes=True, kv_tokens=TEST_KV_TOKENS, num_threads=1) as engine:
         ipc_dir = engine.runtime.addrs.main.removeprefix("ipc://").rsplit("/", 1)[0]
         assert stat.S_IMODE(os.stat(ipc_dir).st_mode) == 0o700
         params = greedy(10, ignore_eos=True)

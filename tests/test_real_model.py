@@ -229,7 +229,7 @@ def test_program_prompts_are_the_chat_templates(
         )
         assert state.text().startswith(prompt + state["reply"])
         assert state.text() == hf_tokenizer.apply_chat_template(state.messages(), tokenize=False)
-        ids = engine.tokenizer_manager.chat_ids(messages)
+        ids = hf_tokenizer(prompt, add_special_tokens=False)["input_ids"]
         assert state.meta("reply")["usage"]["prompt_tokens"] == len(ids)
 
 

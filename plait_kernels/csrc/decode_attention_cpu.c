@@ -6,45 +6,16 @@
  * slots' K rows are read once, in position order, for all query heads (scores to a scratch
  * buffer), then the softmax, then the V rows once. Nothing is gathered or copied, so a decode
  * step reads each cached K/V byte once: the torch path gathers the same rows into temporaries
- * first. Slot ids outside the pool fail the call (-2) rather than read past it. With GCC 12+
- * on x86-64 the entry points are cloned for AVX-512, AVX2 and the baseline ISA (the helpers are
- * inlined into each clone) and the loader picks one at run time. */
+ * first. Slot ids outside the pool fail the call (-2) rather than read past it. A call computes
+ * the query heads of kv heads [kv_lo, kv_hi) only (the decode step, decode_step_cpu.c, splits a
+ * request's heads over threads) and leaves the other heads' outputs as they are. The entry
+ * points are cloned per ISA (PLAIT_CLONES, plait_kernels.h). */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
-#define PLAIT_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define PLAIT_CLONES
-#endif
-#if defined(__GNUC__)
-#define PLAIT_INLINE static inline __attribute__((always_inline))
-#else
-#define PLAIT_INLINE static inline
-#endif
-
-/* exp(x) for x <= 0 in float: 2^n * e^r with |r| <= ln2/2, degree-7 Taylor (within 1e-7
- * relative, an ulp of expf); branch-free so loops over it vectorize. x <= -87 (scores are never
- * masked here) gives 1.6e-38 rather than 0. */
-PLAIT_INLINE float exp_nonpos(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    float n = floorf(x * 1.44269504f + 0.5f);
-    float r = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;
-    float p = 1.0f / 5040.0f;
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    int32_t bits = ((int32_t)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
-}
+#include "plait_kernels.h"
 
 PLAIT_INLINE float bf16_to_f32(uint16_t x) {
     uint32_t bits = (uint32_t)x << 16;
@@ -98,16 +69,20 @@ static float *score_buffer(size_t n) {
     return buf;
 }
 
+/* Query heads [h0, h1) of one request (the kv heads they read are whole): each head's scores,
+ * softmax and output are computed the same way whatever range it is run in. */
 #define DEFINE_DECODE(NAME, T, LOAD)                                                          \
     PLAIT_INLINE void NAME##_one(const float *q, const T *k, const T *v, const int32_t *slots, \
-                                 int64_t span, int64_t hq, int64_t hkv, int64_t d, float scale, \
-                                 float *scores, float *out, float *lse) {                     \
-        int64_t group = hq / hkv, row = hkv * d;                                               \
+                                 int64_t span, int64_t hq, int64_t hkv, int64_t d, int64_t h0, \
+                                 int64_t h1, float scale, float *scores, float *out,           \
+                                 float *lse) {                                                 \
+        int64_t group = hq / hkv, row = hkv * d, first = (h0 / group) * d;                     \
+        int64_t bytes = (h1 - h0) / group * d * (int64_t)sizeof(T);                            \
         for (int64_t t = 0; t < span; ++t) {                                                   \
             if (t + PREFETCH_AHEAD < span)                                                     \
-                prefetch_row(k + (int64_t)slots[t + PREFETCH_AHEAD] * row, row * sizeof(T));   \
+                prefetch_row(k + (int64_t)slots[t + PREFETCH_AHEAD] * row + first, bytes);     \
             const T *kr = k + (int64_t)slots[t] * row;                                         \
-            for (int64_t h = 0; h < hq; ++h) {                                                 \
+            for (int64_t h = h0; h < h1; ++h) {                                                \
                 const float *qh = q + h * d;                                                   \
                 const T *kh = kr + (h / group) * d;                                            \
                 float acc = 0.0f;                                                              \
@@ -116,13 +91,13 @@ static float *score_buffer(size_t n) {
                 scores[h * span + t] = acc * scale;                                            \
             }                                                                                  \
         }                                                                                      \
-        softmax_rows(scores, hq, span, lse);                                                   \
-        memset(out, 0, sizeof(float) * (size_t)(hq * d));                                      \
+        softmax_rows(scores + h0 * span, h1 - h0, span, lse + h0);                             \
+        memset(out + h0 * d, 0, sizeof(float) * (size_t)((h1 - h0) * d));                     \
         for (int64_t t = 0; t < span; ++t) {                                                   \
             if (t + PREFETCH_AHEAD < span)                                                     \
-                prefetch_row(v + (int64_t)slots[t + PREFETCH_AHEAD] * row, row * sizeof(T));   \
+                prefetch_row(v + (int64_t)slots[t + PREFETCH_AHEAD] * row + first, bytes);     \
             const T *vr = v + (int64_t)slots[t] * row;                                         \
-            for (int64_t h = 0; h < hq; ++h) {                                                 \
+            for (int64_t h = h0; h < h1; ++h) {                                                \
                 float p = scores[h * span + t];                                                \
                 const T *vh = vr + (h / group) * d;                                            \
                 float *oh = out + h * d;                                                       \
@@ -133,8 +108,10 @@ static float *score_buffer(size_t n) {
     PLAIT_CLONES int NAME(const float *q, const T *k, const T *v, const int32_t *table,       \
                           const int64_t *rows, const int64_t *start, const int64_t *seq,       \
                           int64_t table_stride, int64_t num_slots, int64_t batch, int64_t hq,  \
-                          int64_t hkv, int64_t d, float scale, float *out, float *lse) {       \
-        int64_t max_span = 1;                                                                  \
+                          int64_t hkv, int64_t d, int64_t kv_lo, int64_t kv_hi, float scale,   \
+                          float *out, float *lse) {                                            \
+        int64_t max_span = 1, h0 = kv_lo * (hq / hkv), h1 = kv_hi * (hq / hkv);                \
+        if (kv_lo < 0 || kv_hi > hkv || kv_lo >= kv_hi) return -3;                             \
         for (int64_t b = 0; b < batch; ++b)                                                    \
             if (seq[b] - start[b] > max_span) max_span = seq[b] - start[b];                    \
         float *scores = score_buffer((size_t)(hq * max_span));                                 \
@@ -143,8 +120,8 @@ static float *score_buffer(size_t n) {
             int64_t span = seq[b] - start[b];                                                  \
             float *ob = out + b * hq * d, *lb = lse + b * hq;                                  \
             if (span <= 0) {                                                                   \
-                memset(ob, 0, sizeof(float) * (size_t)(hq * d));                               \
-                for (int64_t h = 0; h < hq; ++h) lb[h] = -INFINITY;                            \
+                memset(ob + h0 * d, 0, sizeof(float) * (size_t)((h1 - h0) * d));              \
+                for (int64_t h = h0; h < h1; ++h) lb[h] = -INFINITY;                           \
                 continue;                                                                      \
             }                                                                                  \
             const int32_t *slots = table + rows[b] * table_stride + start[b];                  \
@@ -152,7 +129,8 @@ static float *score_buffer(size_t n) {
                 if (slots[t] < 0 || slots[t] >= num_slots) {                                   \
                     return -2;                                                                 \
                 }                                                                              \
-            NAME##_one(q + b * hq * d, k, v, slots, span, hq, hkv, d, scale, scores, ob, lb);  \
+            NAME##_one(q + b * hq * d, k, v, slots, span, hq, hkv, d, h0, h1, scale, scores,   \
+                       ob, lb);                                                                \
         }                                                                                      \
         return 0;                                                                              \
     }

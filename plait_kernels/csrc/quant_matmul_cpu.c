@@ -23,11 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__GNUC__)
-#define PLAIT_INLINE static inline __attribute__((always_inline))
-#else
-#define PLAIT_INLINE static inline
-#endif
+#include "plait_kernels.h"
 
 #define BLOCK_ROWS 16
 #define XQ_MAX 32767.0f
@@ -419,26 +415,18 @@ static void run_part(void *ctx, int part, int parts) {
     }
 }
 
-typedef int (*pool_fn)(void (*)(void *, int, int), void *, int, int);
-
 /* A part should hold at least this many row blocks x K x rows of x (some microseconds); there
  * are up to PARTS_PER_THREAD parts per thread, so a late thread's share is taken by others. */
 #define MIN_PART_WORK 8192
 #define PARTS_PER_THREAD 4
 
-/* The packed weight as the Python side describes it (one struct per weight, built once). */
-typedef struct {
-    const uint8_t *codes;
-    const void *scales, *mins; /* [blocks, k / group, 16], fp16 (half) or fp32; mins may be NULL */
-    int64_t half, bits, group, n, k;
-} weight_t;
-
-/* out[i, :n] = x[i] @ W^T (+ bias) for i < m. x is fp32 with row stride ldx, out [m, n]
+/* The packed weight is a plait_weight_t (plait_kernels.h; one struct per weight, built once by
+ * the Python side). out[i, :n] = x[i] @ W^T (+ bias) for i < m. x is fp32 with row stride ldx, out [m, n]
  * contiguous, bias [n] or NULL. The row blocks are split over up to `threads` threads through
  * `pool` (plait_pool_run of thread_pool.c; NULL: this thread only). Returns the number of
  * threads asked to run it (>= 1), -1 when out of memory, -3 on an unsupported shape. */
-int plait_qmm_f32(int isa, int threads, pool_fn pool, const float *x, int64_t ldx, int64_t m,
-                  const weight_t *w, const float *bias, float *out) {
+int plait_qmm_f32(int isa, int threads, plait_pool_fn pool, const float *x, int64_t ldx,
+                  int64_t m, const plait_weight_t *w, const float *bias, float *out) {
     int64_t k = w->k, group = w->group, n = w->n;
     if ((w->bits != 4 && w->bits != 8) || group < 16 || group > 256 || group % 16 || k % group ||
         n < 0)

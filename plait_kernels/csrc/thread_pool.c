@@ -16,11 +16,11 @@
 #include <stdint.h>
 #include <time.h>
 
+#include "plait_kernels.h"
+
 #define MAX_WORKERS 254 /* threads fit the ticket's low byte */
 #define SPIN_NS 2000000L /* 2 ms: the gaps between a decode step's matmuls */
 #define YIELD_EVERY 256  /* spin iterations between sched_yield() calls */
-
-typedef void (*part_fn)(void *ctx, int part, int parts);
 
 static struct {
     pthread_mutex_t call;  /* held for the whole of a call */
@@ -32,7 +32,7 @@ static struct {
     int completed;         /* parts of the current job finished */
     int sleepers;
     uint64_t spawn_ticket; /* the ticket before the job that started the newest workers */
-    part_fn fn;
+    plait_part_fn fn;
     void *ctx;
     int hooked;
 } pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
@@ -138,7 +138,7 @@ static int grow(int threads) {
 /* Run fn(ctx, p, parts) for every p in [0, parts) on up to `threads` threads, this one
  * included, and return when all have run; returns the threads asked to help (1: this thread
  * alone, as while another call holds the pool). */
-int plait_pool_run(part_fn fn, void *ctx, int parts, int threads) {
+int plait_pool_run(plait_part_fn fn, void *ctx, int parts, int threads) {
     if (parts > 0xffff) return -1;
     if (threads > parts) threads = parts;
     if (threads > MAX_WORKERS + 1) threads = MAX_WORKERS + 1;

@@ -1,0 +1,70 @@
+/* What the CPU kernels of this folder share: attribute macros, exp for non-positive floats,
+ * and the types through which one kernel calls another (the Python side hands a kernel the
+ * addresses of the others, so each is compiled once, in its own file, and defined once).
+ *
+ * plait.kernels._native hashes this header with every source, so editing it rebuilds them. */
+#ifndef PLAIT_KERNELS_H
+#define PLAIT_KERNELS_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* With GCC 12+ on x86-64 an entry point is cloned for AVX-512, AVX2 and the baseline ISA (the
+ * inlined helpers compile into each clone) and the loader picks one at run time. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
+#define PLAIT_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define PLAIT_CLONES
+#endif
+#if defined(__GNUC__)
+#define PLAIT_INLINE static inline __attribute__((always_inline))
+#else
+#define PLAIT_INLINE static inline
+#endif
+
+/* ---- thread_pool.c: plait_pool_run(fn, ctx, parts, threads) ------------------------------ */
+typedef void (*plait_part_fn)(void *ctx, int part, int parts);
+typedef int (*plait_pool_fn)(plait_part_fn fn, void *ctx, int parts, int threads);
+
+/* ---- quant_matmul_cpu.c: plait_qmm_f32 and the packed weight it reads --------------------- */
+typedef struct {
+    const uint8_t *codes;
+    const void *scales, *mins; /* [blocks, k / group, 16], fp16 (half) or fp32; mins may be NULL */
+    int64_t half, bits, group, n, k;
+} plait_weight_t;
+
+/* out[m, n] = x[m, k] (row stride ldx) @ W^T (+ bias); returns threads used (>= 1) or < 0. */
+typedef int (*plait_qmm_fn)(int isa, int threads, plait_pool_fn pool, const float *x, int64_t ldx,
+                            int64_t m, const plait_weight_t *w, const float *bias, float *out);
+
+/* ---- decode_attention_cpu.c: plait_decode_f32, kv heads [kv_lo, kv_hi) of each request ---- */
+typedef int (*plait_decode_f32_fn)(const float *q, const float *k, const float *v,
+                                   const int32_t *table, const int64_t *rows, const int64_t *start,
+                                   const int64_t *seq, int64_t table_stride, int64_t num_slots,
+                                   int64_t batch, int64_t hq, int64_t hkv, int64_t d,
+                                   int64_t kv_lo, int64_t kv_hi, float scale, float *out,
+                                   float *lse);
+
+/* exp(x) for x <= 0 in float: 2^n * e^r with |r| <= ln2/2, degree-7 Taylor (within 1e-7
+ * relative, an ulp of expf); branch-free so loops over it vectorize (AVX2 and up, with
+ * -fno-trapping-math: the clamp becomes a select). x <= -87 gives 1.6e-38 rather than 0. */
+PLAIT_INLINE float exp_nonpos(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    float n = floorf(x * 1.44269504f + 0.5f);
+    float r = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+#endif
