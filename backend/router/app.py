@@ -132,8 +132,7 @@ def _workers(state: RouterState) -> Callable[[], Awaitable[JSONResponse]]:
         rows: list[dict[str, Any]] = [
             {"url": w.url, "healthy": w.available, "dead": w.dead, "in_flight": w.in_flight,
              "routed": w.routed, "cache_hits": w.cache_hits, "session_hits": w.session_hits,
-             "retried": w.retried, "failures": w.failures, "tree_chars": w.tree.chars,
-             "max_tree_chars": w.max_tree_chars}
+             "retried": w.retried, "failures": w.failures, "tree_chars": w.tree.chars}
             for w in state.pool.workers
         ]  # fmt: skip
         return JSONResponse({"policy": state.config.policy, "workers": rows})

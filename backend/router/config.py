@@ -16,12 +16,14 @@ class RouterConfig:
 
     Cache-aware routing (SGLang's router's rule): when the load is balanced, a request goes
     to the worker whose prefix tree matches the largest part of its text if that part exceeds
-    `cache_threshold`, else to the least loaded worker (ties: the smallest tree). The load is
+    `cache_threshold`, else to the worker with the smallest tree (the most room in its cache;
+    ties: the least loaded), which spreads new prefixes evenly over the caches. The load is
     imbalanced when the busiest worker has more than `balance_abs_threshold` requests in
     flight beyond the idlest and more than `balance_rel_threshold` times its count; then the
     least loaded worker gets the request whatever its cache. Each tree keeps at most
-    `max_tree_chars` characters (fewer when the worker's KV pool is known to be smaller:
-    `chars_per_token` characters per KV slot).
+    `max_tree_chars` characters (least recently used text goes first). A tree larger than
+    the worker's cache only keeps routing a prefix where it was computed before (where it is
+    recomputed and cached again); a smaller one would scatter a prefix over the workers.
     """
 
     workers: tuple[str, ...]
@@ -34,7 +36,6 @@ class RouterConfig:
     balance_abs_threshold: int = 32
     balance_rel_threshold: float = 1.5
     max_tree_chars: int = 1 << 22
-    chars_per_token: float = 4.0
     max_sessions: int = 100_000
     health_interval_s: float = 1.0
     health_timeout_s: float = 2.0

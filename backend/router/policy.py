@@ -73,7 +73,8 @@ class Routing:
         matched, best = max(matches, key=lambda m: (m[0], -m[1].in_flight))
         if text and matched / len(text) > self.config.cache_threshold:
             return Decision(best, "cache_hit", matched)
-        return Decision(idlest, "new_prefix", matched)
+        roomiest = min(candidates, key=lambda w: (w.tree.chars, w.in_flight))
+        return Decision(roomiest, "new_prefix", matched)
 
     def _imbalanced(self, candidates: list[Worker]) -> bool:
         loads = [w.in_flight for w in candidates]
@@ -98,8 +99,8 @@ class Routing:
     def _remember(self, worker: Worker, texts: list[str]) -> None:
         for text in texts:
             worker.tree.insert(text)
-        if worker.tree.chars > worker.max_tree_chars:
-            worker.tree.evict(int(worker.max_tree_chars * EVICT_SLACK))
+        if worker.tree.chars > self.config.max_tree_chars:
+            worker.tree.evict(int(self.config.max_tree_chars * EVICT_SLACK))
 
     def forget_all(self) -> None:
         """The workers' caches were flushed: so are the trees."""

@@ -36,7 +36,6 @@ class Worker:
     failures: int = 0
     cache_hits: int = 0
     session_hits: int = 0
-    max_tree_chars: int = 0
 
     @property
     def available(self) -> bool:
@@ -48,7 +47,7 @@ class WorkerPool:
 
     def __init__(self, config: RouterConfig) -> None:
         self.config = config
-        self.workers = [Worker(url, max_tree_chars=config.max_tree_chars) for url in config.workers]
+        self.workers = [Worker(url) for url in config.workers]
         self._by_url = {w.url: w for w in self.workers}
 
     def __getitem__(self, url: str) -> Worker:
@@ -95,7 +94,6 @@ class WorkerPool:
         if resp.status_code != 200:
             self._failed(worker, f"/health answered {resp.status_code}")
         elif not worker.healthy:
-            await self._learn_capacity(client, worker)
             log.info("worker %s is healthy", worker.url)
             worker.tree.clear()  # back from a failure: its cache may be gone
             worker.healthy, worker.failed_checks = True, 0
@@ -106,17 +104,3 @@ class WorkerPool:
         worker.failed_checks += 1
         if worker.failed_checks >= self.config.health_failures:
             self.mark_unreachable(worker, reason)
-
-    async def _learn_capacity(self, client: httpx.AsyncClient, worker: Worker) -> None:
-        """Bound the worker's tree by its KV pool (from /get_server_info) when it says."""
-        key, timeout = self.config.api_key, self.config.health_timeout_s
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        try:
-            resp = await client.get(
-                worker.url + "/get_server_info", headers=headers, timeout=timeout
-            )
-            tokens = int(resp.json()["max_total_num_tokens"])
-        except (httpx.HTTPError, ValueError, KeyError, TypeError):
-            return
-        budget = int(tokens * self.config.chars_per_token)
-        worker.max_tree_chars = max(1, min(self.config.max_tree_chars, budget))
