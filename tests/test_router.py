@@ -22,6 +22,7 @@ from server_helpers import (
     alive,
     children_of,
     descendants_of,
+    metrics,
     server_args,
     sse_events,
     wait_until,
@@ -244,6 +245,27 @@ def test_an_unreachable_worker_is_skipped_and_its_requests_retried(
         assert info[nobody]["healthy"] is False and info[nobody]["retried"] == 1
     finally:
         rt.close()
+
+
+def test_a_client_that_leaves_aborts_its_request_on_the_worker(
+    router: str, workers: list[Runtime]
+) -> None:
+    def aborted() -> float:
+        key = 'plait_requests_finished_total{reason="abort"}'
+        return sum(metrics(w.url).get(key, 0.0) for w in workers)
+
+    before = aborted()
+    params = {"max_new_tokens": 3000, "ignore_eos": True}
+    body = {"text": "leave while streaming", "stream": True, "sampling_params": params}
+    with httpx.stream("POST", router + "/generate", json=body, timeout=60) as resp:
+        for i, _ in enumerate(resp.iter_lines()):
+            if i > 3:
+                break
+    with pytest.raises(httpx.ReadTimeout):  # a non-streamed request, given up on
+        body = {"text": "leave while waiting", "sampling_params": params}
+        httpx.post(router + "/generate", json=body, timeout=1.5)
+    assert wait_until(lambda: aborted() >= before + 2, 20)
+    assert wait_until(lambda: sum(counters(router, "in_flight").values()) == 0, 10)
 
 
 # --- plait serve --dp 2 -----------------------------------------------------------------

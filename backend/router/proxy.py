@@ -14,12 +14,13 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 import httpx
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from plait.backend.router.config import WORKER_HEADER, RouterConfig
 from plait.backend.router.policy import Decision, Routing
@@ -64,6 +65,28 @@ class Forward:
     def build(self, client: httpx.AsyncClient, worker: Worker) -> httpx.Request:
         url = worker.url + self.path + (f"?{self.query}" if self.query else "")
         return client.build_request(self.method, url, headers=self.headers, content=self.body)
+
+
+class RelayedResponse(StreamingResponse):
+    """A worker's streamed answer; `release` runs when it is done, even if the client left
+    before its body was read."""
+
+    def __init__(
+        self,
+        content: AsyncIterator[bytes],
+        status_code: int,
+        headers: dict[str, str],
+        *,
+        release: Callable[[], Awaitable[None]],
+    ) -> None:
+        super().__init__(content, status_code=status_code, headers=headers)
+        self.release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.release()
 
 
 class Proxy:
@@ -131,6 +154,14 @@ class Proxy:
     def _relay(self, upstream: httpx.Response, worker: Worker) -> Response:
         """Stream the worker's answer back as it arrives (status and headers unchanged)."""
         sse = upstream.headers.get("content-type", "").startswith("text/event-stream")
+        released = False
+
+        async def release() -> None:  # once, whether or not the body was ever read
+            nonlocal released
+            if not released:
+                released = True
+                worker.in_flight -= 1
+                await upstream.aclose()
 
         async def body() -> AsyncIterator[bytes]:
             try:
@@ -143,11 +174,10 @@ class Proxy:
                     raise
                 yield _sse_error(f"worker {worker.url} failed during the response: {exc!r}")
             finally:
-                worker.in_flight -= 1
-                await upstream.aclose()
+                await release()
 
         headers = _relayed_headers(upstream, worker)
-        return StreamingResponse(body(), status_code=upstream.status_code, headers=headers)
+        return RelayedResponse(body(), upstream.status_code, headers, release=release)
 
     async def broadcast(self, fwd: Forward) -> Response:
         """Send to every available worker; 200 if all answered 200 (else the first other
