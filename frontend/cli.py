@@ -37,7 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `plait` console script; returns the exit code."""
-    ns = build_parser().parse_args(argv)
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    if ns.command == "serve" and ns.dp < 1:
+        parser.error("--dp must be >= 1")
     if ns.command == "serve" and ns.dp > 1:
         from plait.backend.router.launcher import serve_dp
         from plait.backend.router.server import policy_options
@@ -51,7 +54,11 @@ def main(argv: list[str] | None = None) -> int:
     if ns.command == "router":
         from plait.backend.router.server import config_from_namespace, run_router
 
-        exit_now(run_router(config_from_namespace(ns)))
+        try:
+            config = config_from_namespace(ns)
+        except ValueError as exc:
+            parser.error(str(exc))
+        exit_now(run_router(config))
     raise NotImplementedError(f"unknown command {ns.command!r}")
 
 

@@ -143,6 +143,7 @@ def serve_dp(args: ServerArgs, dp: int, **policy: Any) -> int:
     previous = signal.signal(signal.SIGTERM, raise_terminated)
     workers, status = WorkerProcesses(args, dp), 0
     try:
+        RouterConfig(workers=tuple(workers.urls), **policy)  # bad flags: fail before starting
         workers.start()
         workers.wait_healthy()
         status = _run_router(args, workers, policy)
