@@ -1,4 +1,5 @@
-"""The `plait` command line: `plait serve --model plait-tiny --port 30000 ...`."""
+"""The `plait` command line: `plait serve --model plait-tiny --port 30000 ...`,
+`plait serve --dp 2 ...` (two workers behind a router), `plait router --worker URL ...`."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from plait.backend.router.server import add_policy_arguments, add_router_arguments
     from plait.backend.server.launch import add_serve_arguments
 
     parser = argparse.ArgumentParser(prog="plait", description="plait: structured generation")
@@ -19,16 +21,44 @@ def build_parser() -> argparse.ArgumentParser:
         description="Start the plait server: main process (HTTP), scheduler and detokenizer.",
     )
     add_serve_arguments(serve)
+    serve.add_argument(
+        "--dp", type=int, default=1, metavar="N",
+        help="data parallelism: N workers on this machine behind a router (default 1)",
+    )  # fmt: skip
+    add_policy_arguments(serve)
+    router = commands.add_parser(
+        "router",
+        help="route requests to plait serve workers (data parallelism across machines)",
+        description="A cache-aware router in front of running plait serve workers.",
+    )
+    add_router_arguments(router)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `plait` console script; returns the exit code."""
-    ns = build_parser().parse_args(argv)
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    if ns.command == "serve" and ns.dp < 1:
+        parser.error("--dp must be >= 1")
+    if ns.command == "serve" and ns.dp > 1:
+        from plait.backend.router.launcher import serve_dp
+        from plait.backend.router.server import policy_options
+        from plait.backend.server.launch import args_from_namespace
+
+        exit_now(serve_dp(args_from_namespace(ns), ns.dp, **policy_options(ns)))
     if ns.command == "serve":
         from plait.backend.server.launch import args_from_namespace, serve
 
         exit_now(serve(args_from_namespace(ns)))
+    if ns.command == "router":
+        from plait.backend.router.server import config_from_namespace, run_router
+
+        try:
+            config = config_from_namespace(ns)
+        except ValueError as exc:
+            parser.error(str(exc))
+        exit_now(run_router(config))
     raise NotImplementedError(f"unknown command {ns.command!r}")
 
 

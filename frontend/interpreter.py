@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from plait.clients.base import Backend
+from plait.clients.session import current_session, new_session_key
 from plait.ir import Gen, Node, RoleBegin, RoleEnd, Select, Text, Where
 from plait.transcript import Change, Transcript
 
@@ -58,8 +59,10 @@ class StateExecutor:
         defaults: dict[str, Any],
         stream: bool,
         parent: asyncio.Future[Snapshot] | None = None,
+        session: str | None = None,
     ) -> None:
         self.backend, self.defaults, self.stream = backend, defaults, stream
+        self.session = session or new_session_key()  # a fork passes its parent's
         self.transcript = Transcript()
         self.variables: dict[str, Any] = {}
         self.meta: dict[str, Any] = {}
@@ -112,6 +115,7 @@ class StateExecutor:
 
     # --- the task ---------------------------------------------------------------------
     async def _run(self, parent: asyncio.Future[Snapshot] | None) -> None:
+        current_session.set(self.session)  # this task's context: its backend requests
         try:
             if parent is not None:
                 self._restore(await parent)

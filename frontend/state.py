@@ -70,6 +70,7 @@ class ProgramState:
                 defaults=self._exec.defaults,
                 stream=self._exec.stream,
                 parent=snapshot,
+                session=self._exec.session,
             )
             self._family.append(ex)
             branch = ProgramState(ex, loop=self._loop)

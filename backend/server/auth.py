@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fastapi import Request
@@ -49,6 +49,18 @@ def gather_keys(*, key: str | None, key_file: str | None, env: str) -> tuple[str
     if os.environ.get(env):
         keys.append(os.environ[env])
     return tuple(dict.fromkeys(keys))
+
+
+@dataclass(frozen=True)
+class AccessKeys:
+    """The keys as given (flags, files, environment), for a launcher that passes them on to
+    the processes it starts (`plait serve --dp`); servers keep only `auth()`'s digests."""
+
+    api: tuple[str, ...] = field(default=(), repr=False)
+    admin: tuple[str, ...] = field(default=(), repr=False)
+
+    def auth(self) -> AuthConfig:
+        return AuthConfig.from_keys(self.api, self.admin)
 
 
 @dataclass(frozen=True)

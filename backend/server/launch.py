@@ -27,7 +27,7 @@ import uvicorn
 from plait.backend.config import EngineConfig
 from plait.backend.engine import Engine
 from plait.backend.server.app import ServerSettings, create_app
-from plait.backend.server.auth import ADMIN_KEY_ENV, API_KEY_ENV, AuthConfig, gather_keys
+from plait.backend.server.auth import ADMIN_KEY_ENV, API_KEY_ENV, AccessKeys, gather_keys
 
 ALIASES = {"max_running_requests": "--max-running", "chunked_prefill_size": "--chunked-prefill"}
 HELP = {
@@ -60,6 +60,7 @@ class ServerArgs:
     port: int = 30000
     settings: ServerSettings = field(default_factory=ServerSettings)
     log_level: str = "info"
+    keys: AccessKeys = field(default_factory=AccessKeys)
 
 
 class Terminated(Exception):
@@ -144,13 +145,13 @@ def _flag_kind(hint: Any) -> dict[str, Any]:
 
 def args_from_namespace(ns: argparse.Namespace) -> ServerArgs:
     engine = {f.name: getattr(ns, f.name) for f in dataclasses.fields(EngineConfig)}
-    api_keys = gather_keys(key=ns.api_key, key_file=ns.api_key_file, env=API_KEY_ENV)
-    admin_keys = gather_keys(
-        key=ns.admin_api_key, key_file=ns.admin_api_key_file, env=ADMIN_KEY_ENV
+    keys = AccessKeys(
+        api=gather_keys(key=ns.api_key, key_file=ns.api_key_file, env=API_KEY_ENV),
+        admin=gather_keys(key=ns.admin_api_key, key_file=ns.admin_api_key_file, env=ADMIN_KEY_ENV),
     )
     settings = ServerSettings(
         model_name=ns.served_model_name,
-        auth=AuthConfig.from_keys(api_keys, admin_keys),
+        auth=keys.auth(),
         max_body_bytes=ns.max_body_bytes,
         allow_request_chat_template=ns.allow_request_chat_template,
         template_timeout_s=ns.chat_template_timeout,
@@ -162,7 +163,24 @@ def args_from_namespace(ns: argparse.Namespace) -> ServerArgs:
         port=ns.port,
         settings=settings,
         log_level=ns.log_level,
+        keys=keys,
     )
+
+
+def settings_flags(settings: ServerSettings) -> list[str]:
+    """The HTTP flags (keys aside) that give `settings`: those that differ from the defaults."""
+    defaults, flags = ServerSettings(), []
+    if settings.model_name:
+        flags += ["--served-model-name", settings.model_name]
+    if settings.max_body_bytes != defaults.max_body_bytes:
+        flags += ["--max-body-bytes", str(settings.max_body_bytes)]
+    if settings.allow_request_chat_template:
+        flags.append("--allow-request-chat-template")
+    if settings.template_timeout_s != defaults.template_timeout_s:
+        flags += ["--chat-template-timeout", repr(settings.template_timeout_s)]
+    if settings.health_stall_s != defaults.health_stall_s:
+        flags += ["--health-stall-timeout", repr(settings.health_stall_s)]
+    return flags
 
 
 # --- running ------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""What the HTTP backends share: one connection pool per event loop, error checks, and
-server-sent events."""
+"""What the HTTP backends share: one connection pool per event loop, error checks,
+server-sent events, and the program run's session key on every request."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+
+from plait.clients.session import session_headers
 
 MAX_CONNECTIONS = 512
 MAX_KEEPALIVE = 64
@@ -41,13 +43,14 @@ class LoopClients:
 
     async def post(self, url: str, body: dict[str, Any]) -> Any:
         """POST JSON; the decoded JSON answer (HttpError unless it is a 200)."""
-        resp = await self.get().post(url, json=body)
+        resp = await self.get().post(url, json=body, headers=session_headers())
         check(resp)
         return resp.json()
 
     async def events(self, url: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """POST JSON and yield each server-sent event's JSON until `data: [DONE]`."""
-        async with self.get().stream("POST", url, json=body) as resp:
+        headers = session_headers()
+        async with self.get().stream("POST", url, json=body, headers=headers) as resp:
             if resp.status_code != 200:
                 await resp.aread()
                 check(resp)
