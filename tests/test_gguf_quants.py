@@ -11,6 +11,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, quants
 from gguf_synthetic import ALL_TYPES, write_tiny_gguf
 
 from plait.backend.gguf.quants import QuantizedTensor, read_tensor, unpack_blocks
+from plait.backend.gguf.reader import GGUFFile
 from plait.backend.gguf.weights import hf_row_order
 
 # kind -> (codes dtype, lowest code, highest code, bits, group, has mins)
@@ -109,3 +110,28 @@ def test_hf_row_order_undoes_llama_cpp_permutation(heads: int) -> None:
     # llama.cpp's converter: per head, rows [2, head_dim / 2] stored as [head_dim / 2, 2]
     stored = hf.reshape(heads, 2, head_dim // 2, 5).transpose(1, 2).reshape(hf.shape)
     assert torch.equal(stored[hf_row_order(hf.shape[0], heads)], hf)
+
+
+def test_plaits_reader_reads_every_field_and_tensor_like_gguf_py(tmp_path: Path) -> None:
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", tied=True)
+    ref, mine = GGUFReader(path), GGUFFile(path)
+    fields = {k: f.contents() for k, f in ref.fields.items() if not k.startswith("GGUF.")}
+    assert mine.fields == fields and "tokenizer.ggml.merges" in fields
+    assert [t.name for t in mine.tensors] == [t.name for t in ref.tensors]
+    for got, want in zip(mine.tensors, ref.tensors, strict=True):
+        assert got.tensor_type == want.tensor_type and got.shape == tuple(map(int, want.shape))
+        assert got.data.dtype == want.data.dtype and np.array_equal(got.data, want.data)
+
+
+def test_plaits_reader_refuses_what_is_not_gguf(tmp_path: Path) -> None:
+    bad = tmp_path / "x.gguf"
+    bad.write_bytes(b"GGML" + bytes(64))
+    with pytest.raises(ValueError, match="not a GGUF file"):
+        GGUFFile(bad)
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(write_tiny_gguf(tmp_path / "whole.gguf").read_bytes()[:-64])
+    with pytest.raises(ValueError, match="past the end of the file"):
+        GGUFFile(cut)
+    cut.write_bytes((tmp_path / "whole.gguf").read_bytes()[:100])
+    with pytest.raises(ValueError, match="truncated or corrupt"):
+        GGUFFile(cut)

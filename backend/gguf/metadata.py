@@ -11,8 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gguf import GGUFReader
-
+from plait.backend.gguf.reader import GGUFFile
 from plait.backend.model_config import ModelConfig
 
 # GGUF architecture -> (Hugging Face architecture, whether llama.cpp permuted attn_q/attn_k)
@@ -32,9 +31,8 @@ class GGUFMetadata:
     tensor_names: frozenset[str]
 
     @classmethod
-    def from_reader(cls, reader: GGUFReader, path: str | Path) -> GGUFMetadata:
-        fields = {name: field.contents() for name, field in reader.fields.items()}
-        return cls(Path(path), fields, frozenset(t.name for t in reader.tensors))
+    def from_file(cls, file: GGUFFile) -> GGUFMetadata:
+        return cls(file.path, file.fields, frozenset(t.name for t in file.tensors))
 
     @property
     def architecture(self) -> str:

@@ -22,15 +22,30 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, ReaderTensor
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 QK_K = 256  # values in one K-quant super-block
 FLOAT_KINDS = ("F32", "F16", "BF16")
 QUANT_KINDS = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
 SUPPORTED_TENSOR_TYPES = FLOAT_KINDS + QUANT_KINDS
+
+
+class TensorLike(Protocol):
+    """What `read_tensor` reads: a GGUF tensor's name, type, shape (fastest dimension first)
+    and data (`GGUFTensor`, or the `gguf` package's `ReaderTensor`)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def tensor_type(self) -> GGMLQuantizationType: ...
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+    @property
+    def data(self) -> np.ndarray: ...
 
 
 @dataclass(frozen=True)
@@ -74,7 +89,7 @@ class QuantizedTensor:
         )
 
 
-def read_tensor(tensor: ReaderTensor) -> torch.Tensor | QuantizedTensor:
+def read_tensor(tensor: TensorLike) -> torch.Tensor | QuantizedTensor:
     """A GGUF tensor as a float tensor (plain kinds, logical shape) or a QuantizedTensor."""
     kind = tensor.tensor_type.name
     data = np.asarray(tensor.data)
@@ -99,7 +114,7 @@ def unpack_blocks(kind: str, raw: np.ndarray, cols: int) -> QuantizedTensor:
     return out
 
 
-def _read_float(kind: str, data: np.ndarray, tensor: ReaderTensor) -> torch.Tensor:
+def _read_float(kind: str, data: np.ndarray, tensor: TensorLike) -> torch.Tensor:
     shape = tuple(int(s) for s in reversed(tensor.shape))
     if kind == "BF16":
         bits = data.view(np.uint16).astype(np.uint32) << 16

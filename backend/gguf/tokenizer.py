@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gguf import GGUFReader
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
 from plait.backend.gguf.metadata import GGUFMetadata
+from plait.backend.gguf.reader import GGUFFile
 
 GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 LLAMA3_SPLIT = (
@@ -67,7 +67,7 @@ TOKENIZER_MODELS = ("gpt2",)
 
 def load_gguf_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
     """The tokenizer of the GGUF file at `path`."""
-    return build_tokenizer(GGUFMetadata.from_reader(GGUFReader(path), path))
+    return build_tokenizer(GGUFMetadata.from_file(GGUFFile(path)))
 
 
 def build_tokenizer(meta: GGUFMetadata) -> PreTrainedTokenizerFast:

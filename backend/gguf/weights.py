@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from gguf import GGUFReader, ReaderTensor
 from torch import nn
 
 from plait.backend.gguf.metadata import ARCHITECTURES, GGUFMetadata, gguf_model_config
 from plait.backend.gguf.quants import QuantizedTensor, read_tensor
+from plait.backend.gguf.reader import GGUFFile, GGUFTensor
 from plait.backend.model import LlamaForCausalLM, empty_model
 from plait.backend.model_config import ModelConfig
 from plait.backend.quantized import LogicalQuant, QuantEmbedding, QuantLinear, pack_merged
@@ -92,8 +92,8 @@ def load_gguf_model(
     of linear layers and the embedding stay packed (`QuantLinear`/`QuantEmbedding`: q, k, v
     and gate, up each merged into one); every other weight is de-quantized to `dtype`."""
     path = Path(path)
-    reader = GGUFReader(path)
-    meta = GGUFMetadata.from_reader(reader, path)
+    reader = GGUFFile(path)
+    meta = GGUFMetadata.from_file(reader)
     cfg = gguf_model_config(meta)
     permuted = ARCHITECTURES[meta.architecture][1]
     shards: dict[str, dict[int | None, torch.Tensor | QuantizedTensor]] = {}
@@ -123,7 +123,7 @@ def load_gguf_model(
 
 
 def _oriented(
-    tensor: ReaderTensor, cfg: ModelConfig, target: Target, *, permuted: bool
+    tensor: GGUFTensor, cfg: ModelConfig, target: Target, *, permuted: bool
 ) -> torch.Tensor | QuantizedTensor:
     """The tensor as read (float, or unpacked quantized blocks), attn_q/attn_k rows in HF
     order."""
