@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 DEFAULT_FORMAT = "think"
+PROMPT_TAIL_TOKENS = 32  # enough of a prompt to see how it ends (an open or a closed block)
 
 
 @dataclass(frozen=True)

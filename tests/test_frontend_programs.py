@@ -137,6 +137,19 @@ def test_constraints_hold(backend: Backend) -> None:
 
 
 @plait.program
+def unique_numbers(s):  # type: ignore[no-untyped-def]
+    schema = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
+    s += "Numbers: " + plait.gen("nums", json_schema=schema, max_tokens=16)
+
+
+def test_schema_warnings_reach_the_gen_meta(backend: Backend) -> None:
+    state = unique_numbers.run(backend=backend, temperature=0)
+    assert state.meta("nums")["warnings"] == [
+        "json_schema keyword 'uniqueItems' is not enforced (duplicate items are not rejected) at /"
+    ]
+
+
+@plait.program
 def short_city(s):  # type: ignore[no-untyped-def]
     s += "City: " + plait.gen("city", json_schema=City, max_tokens=24)
 

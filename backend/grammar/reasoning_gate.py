@@ -15,10 +15,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from plait.backend.grammar.jump_forward import Encoder
-from plait.backend.reasoning import ReasoningFormat, request_format, starts_in_reasoning
+from plait.backend.reasoning import (
+    PROMPT_TAIL_TOKENS,
+    ReasoningFormat,
+    request_format,
+    starts_in_reasoning,
+)
 from plait.backend.req import Req
-
-PROMPT_TAIL_TOKENS = 32  # enough to see how the prompt ends (an open or closed block)
 
 
 @dataclass

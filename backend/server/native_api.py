@@ -35,7 +35,9 @@ from plait.backend.server.serving import (
     make_params,
     open_stream,
     raise_if_error,
+    request_warnings,
     sse,
+    warnings_header,
 )
 
 HEALTH_TIMEOUT_S = 20.0
@@ -71,14 +73,16 @@ class NativeApi:
         jobs, single = await ctx.offload(generate_jobs, ctx, body)
         started, text = time.monotonic(), body.return_text_in_logprobs
         if body.stream:
-            events = await open_stream(ctx, request, jobs)
-            return sse(generate_chunks(ctx, jobs=jobs, events=events, text=text, single=single))
+            opened = await open_stream(ctx, request, jobs)
+            chunks = generate_chunks(ctx, jobs=jobs, events=opened.events, text=text, single=single)
+            return sse(chunks, headers=warnings_header(opened.warnings))
         results = await collect(ctx, request, jobs=jobs)
         outs = [
             generate_output(ctx, job, result=res, text=text, started=started)
             for job, res in zip(job_of(jobs), results, strict=True)
         ]
-        return outs[0] if single and len(outs) == 1 else outs
+        content = outs[0] if single and len(outs) == 1 else outs
+        return JSONResponse(content, headers=warnings_header(request_warnings(results)))
 
     async def get_model_info(self) -> dict[str, Any]:
         """SGLang's fields, plus the chat template so plait's HttpBackend renders roles
@@ -243,6 +247,7 @@ def generate_output(
         "completion_tokens": usage.get("completion_tokens", len(res["output_ids"])),
         "cached_tokens": usage.get("cached_tokens", 0),
         "e2e_latency": time.monotonic() - started,
+        "warnings": list(res.get("warnings") or ()),
     }
     if job.params.return_logprob:
         top = job.params.top_logprobs_num
@@ -283,6 +288,7 @@ def fold(acc: dict[str, Any] | None, item: dict[str, Any]) -> dict[str, Any]:
         acc["logprobs"] = {"output": [], "output_top": [], "input": None, "input_top": None}
     acc["text"] += item["text"]
     acc["output_ids"] += item["output_ids"]
+    acc["warnings"] = acc.get("warnings", []) + list(item.get("warnings") or ())
     logprobs, mine = item.get("logprobs") or {}, acc["logprobs"]
     mine["output"] += logprobs.get("output", [])
     mine["output_top"] += logprobs.get("output_top", [])
