@@ -52,8 +52,7 @@ class ReasoningGate:
         at = window.find(self.end)
         self.tokens += 1
         if at < 0:
-            keep = len(self.end) - 1
-            self.seen = window[len(window) - keep :] if keep else b""
+            self.seen = window[max(len(window) - len(self.end) + 1, 0) :]
             return
         self.open = False
         self.after = len(window) - (at + len(self.end))
