@@ -12,11 +12,11 @@ from typing import Any
 
 import jsonschema
 import pytest
-from helpers import tiny_engine
 from test_chat_templates import load
-from test_grammar_units import backend, request, wait_ready, tokenizer  # noqa: F401
+from test_grammar_units import backend, request, tokenizer, wait_ready  # noqa: F401
 from transformers import PreTrainedTokenizerBase
 
+from helpers import tiny_engine
 from plait.backend.engine import Engine
 from plait.backend.grammar.reasoning_gate import GateEdit, ReasoningGate
 from plait.backend.grammar.xgrammar_backend import make_encoder
