@@ -86,7 +86,7 @@ class NativeApi:
 
     async def get_model_info(self) -> dict[str, Any]:
         """SGLang's fields, plus the chat template so plait's HttpBackend renders roles
-        exactly as the model expects."""
+        exactly as the model expects, and the reasoning parser its gens split by."""
         info, tok = self.ctx.engine.info, self.ctx.engine.tokenizer
         return {
             "model_path": info.model,
@@ -95,6 +95,7 @@ class NativeApi:
             "served_model_name": self.ctx.model_name,
             "context_length": info.context_len,
             "chat_template": getattr(tok, "chat_template", None),
+            "reasoning_parser": self.ctx.engine.config.reasoning_parser,
             "bos_token": tok.bos_token,
             "eos_token": tok.eos_token,
         }
