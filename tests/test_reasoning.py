@@ -118,18 +118,28 @@ def test_the_gate_closes_on_the_marker_and_cuts_what_follows_it() -> None:
         encoded.append(text)
         return [2]
 
-    assert gate.edit([0, 1, 3], encode=encode) == GateEdit(2, [2])
+    assert gate.edit([0, 1, 3], encode=encode, room=0) == GateEdit(2, [2])
     assert encoded == ["ink>"]
-    assert gate.edit([0, 1, 2], encode=encode) is None
+    assert gate.edit([0, 1, 2], encode=encode, room=0) is None
 
 
 def test_the_gate_writes_the_marker_at_its_limit() -> None:
     gate = ReasoningGate(fmt=THINK, token_bytes=VOCAB, limit=2)
     gate.feed(0)
-    assert gate.edit([0], encode=lambda t: [9]) is None
+    assert gate.edit([0], encode=lambda t: [9], room=5) is None
     gate.feed(0)
-    assert gate.edit([0, 0], encode=lambda t: [4] if t == "</think>" else []) == GateEdit(2, [4])
+    marker = [1, 2]  # "</th", "ink>"
+    assert gate.edit([0, 0], encode=lambda t: marker, room=2) == GateEdit(2, marker)
     assert not gate.open
+
+
+def test_the_gate_writes_no_marker_past_the_token_limit() -> None:
+    gate = ReasoningGate(fmt=THINK, token_bytes=VOCAB, limit=1)
+    gate.feed(0)
+    assert gate.edit([0], encode=lambda t: [1, 2], room=1) is None
+    assert gate.open
+    gate.feed(0)
+    assert gate.edit([0, 0], encode=lambda t: [1, 2], room=5) is None  # decided once
 
 
 # --- the grammar backend with plait-tiny's tokens ---------------------------------------
@@ -230,3 +240,9 @@ def test_without_a_parser_the_grammar_applies_from_the_first_token() -> None:
         asked = plain.generate("Q: <think>\n", params(reasoning=True))
         assert asked["text"].startswith("aaaaa</think>")
         answer(asked["text"].partition("</think>")[2])
+
+
+def test_the_marker_is_not_written_past_max_new_tokens(engine: Engine) -> None:
+    out = engine.generate("Q: <think>\n", params(max_new_tokens=7))  # 5 + a 4-token marker
+    assert out["text"] == "a" * 7
+    assert len(out["output_ids"]) == 7 and out["finish_reason"]["type"] == "length"

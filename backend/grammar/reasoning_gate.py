@@ -57,22 +57,30 @@ class ReasoningGate:
         self.open = False
         self.after = len(window) - (at + len(self.end))
 
-    def edit(self, out: list[int], *, encode: Encoder) -> GateEdit | None:
+    def edit(self, out: list[int], *, encode: Encoder, room: int) -> GateEdit | None:
         """After a sampled token: cut the token that closed the section at the marker's
-        end, or write the marker once the section reached its limit; None if nothing."""
+        end, or write the marker once the section reached its limit; None if nothing.
+        `room`: tokens the output may still grow by (an edit that does not fit is not made:
+        a cut token stays whole, a marker is not written)."""
         if not self.open and self.after:
-            data = self.token_bytes[out[-1]]
-            try:
-                head = data[: len(data) - self.after].decode()
-            except UnicodeDecodeError:
-                self.after = 0  # a character cut in two: the grammar starts after it
-                return None
-            self.after = 0
-            return GateEdit(len(out) - 1, encode(head))
+            return self._cut(out, encode=encode, room=room)
         if self.open and self.limit is not None and self.tokens >= self.limit:
+            self.limit = None  # decided once
+            marker = encode(self.end.decode())
+            if len(marker) > room:
+                return None
             self.open = False
-            return GateEdit(len(out), encode(self.end.decode()))
+            return GateEdit(len(out), marker)
         return None
+
+    def _cut(self, out: list[int], *, encode: Encoder, room: int) -> GateEdit | None:
+        data, after = self.token_bytes[out[-1]], self.after
+        self.after = 0
+        try:
+            head = encode(data[: len(data) - after].decode())
+        except UnicodeDecodeError:  # a character cut in two: the grammar starts after it
+            return None
+        return GateEdit(len(out) - 1, head) if len(head) - 1 <= room else None
 
 
 def make_gate(

@@ -173,8 +173,9 @@ class XGrammarBackend:
         """Advance the matcher; a token outside the grammar (only possible when every
         allowed token was banned, e.g. stop tokens before min_new_tokens) ends the request."""
         state: RequestGrammar = req.grammar
-        if state.waiting:
-            state.gate.feed(token)  # type: ignore[union-attr]
+        gate = state.gate
+        if gate is not None and gate.open:
+            gate.feed(token)
             state.start = len(req.output_ids)
             return
         if state.accept(token):
@@ -190,7 +191,8 @@ class XGrammarBackend:
         state: RequestGrammar = req.grammar
         if state.gate is None or req.finished is not None:
             return self.rewriter.after_sample(req)
-        edit = state.gate.edit(req.output_ids, encode=self.rewriter.retokenizer.encode)
+        room = req.params.max_new_tokens - len(req.output_ids)
+        edit = state.gate.edit(req.output_ids, encode=self.rewriter.retokenizer.encode, room=room)
         if edit is not None:
             del req.output_ids[edit.kept :]
             req.output_ids.extend(edit.appended)
