@@ -42,6 +42,7 @@ MARKER = [2836, 395, 1040]  # "</", "th", "ink" (then ">" or ">{")
     [
         ('<think>\nplan\n</think>\n\n{"a":1}', True, Split("\nplan\n", '{"a":1}')),
         ('plan</think>{"a":1}', True, Split("plan", '{"a":1}')),  # DeepSeek-R1: opened
+        ('<think>{"a":1}</think>{"b":2}', True, Split('{"a":1}', '{"b":2}')),  # JSON inside
         ("  <think>x</think>  y </think>", True, Split("x", "y </think>")),
         ("still thinking <", True, Split("still thinking <", "")),
         ("<think>x</think>y", False, Split("", "<think>x</think>y")),  # thinking off
