@@ -7,6 +7,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from plait.backend.reasoning import REASONING_FORMATS
+
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
 MAX_DEFAULT_THREADS = 8  # a small model's decode step stops scaling well before this
@@ -44,6 +46,11 @@ class EngineConfig:
     `fused_decode`: a decode-only batch on the CPU runs every layer in one C call when the
     model allows it (quantized linear layers, fp32); False always takes the layer-by-layer
     path (tests, debugging).
+    `strict_schemas`: a constraint whose schema uses keywords the grammar cannot enforce
+    (the warnings of docs/structured.md) fails its request instead of running with warnings.
+    `reasoning_parser`: the reasoning format of the model (`plait.backend.reasoning`:
+    deepseek-r1, qwen3, think); constrained requests are then masked only after the end of
+    the reasoning section.
     """
 
     model: str = "plait-tiny"
@@ -72,6 +79,8 @@ class EngineConfig:
     quantization: str = "auto"
     profile_dir: str | None = None
     fused_decode: bool = True
+    strict_schemas: bool = False
+    reasoning_parser: str | None = None
 
     def __post_init__(self) -> None:
         if self.quantization not in QUANTIZATIONS:
@@ -88,6 +97,8 @@ class EngineConfig:
             raise ValueError("kv_tokens must hold at least one page")
         if self.num_threads < 0:
             raise ValueError("num_threads must be >= 0 (0: one per available core)")
+        if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_FORMATS:
+            raise ValueError(f"reasoning_parser must be one of {sorted(REASONING_FORMATS)}")
         if self.num_threads == 0:
             object.__setattr__(self, "num_threads", default_threads())
 

@@ -90,8 +90,11 @@ class SamplingParams(BaseModel):
     output text), which is cut from the text unless `no_stop_trim`. A constrained output
     about to reach `max_new_tokens` inside an unfinished structure is completed by the
     engine (`close_on_length`; finish_reason "length" with `closed`) so that it stays in the
-    constraint's language. Every number is range-checked here; token ids against the
-    model's vocabulary in `check_vocab`.
+    constraint's language. With a reasoning model (`EngineConfig.reasoning_parser`, or
+    `reasoning=True`) the constraint applies only after the reasoning section ends
+    (`reasoning=False`: from the first token); `max_reasoning_tokens` ends the section by
+    writing its end marker once it has that many tokens. Every number is range-checked
+    here; token ids against the model's vocabulary in `check_vocab`.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
@@ -153,6 +156,8 @@ class SamplingParams(BaseModel):
     strict_mode: Annotated[StrictBool, _same("strict_mode")] = True
     jump_forward: Annotated[StrictBool, _same("jump_forward")] = True
     close_on_length: Annotated[StrictBool, _same("close_on_length")] = True
+    reasoning: Annotated[StrictBool | None, _same("reasoning")] = None
+    max_reasoning_tokens: Annotated[Count | None, _same("max_reasoning_tokens")] = None
 
     # --- derived views ----------------------------------------------------------------
     @property

@@ -18,6 +18,8 @@ from plait.clients.session import current_session, new_session_key
 from plait.ir import Gen, Node, RoleBegin, RoleEnd, Select, Text, Where
 from plait.transcript import Change, Transcript
 
+REASONING_SUFFIX = "_reasoning"  # a gen's reasoning section goes into s[name + this]
+
 TextEvent = tuple[str | None, str | None]  # (variable or None, text); (None, None) = finished
 Listener = Callable[[TextEvent], None]
 
@@ -172,9 +174,15 @@ class StateExecutor:
         reason = out.meta.get("finish_reason") or {}
         if reason.get("type") == "error":
             raise ProgramError(reason.get("message", "generation failed"))
+        split = self.backend.split_reasoning(self.text, params, out)
         self._append(out.text, node.name, emit=not self.stream)
-        if node.name is not None:
-            self._set(node.name, parse_value(out.text, node.dtype, reason), out.meta)
+        if node.name is None:
+            return
+        content, meta = out.text, out.meta
+        if split is not None:  # the reasoning goes into its own variable
+            content, meta = split.content, {**out.meta, "reasoning": split.reasoning}
+            self._set(f"{node.name}{REASONING_SUFFIX}", split.reasoning, meta)
+        self._set(node.name, parse_value(content, node.dtype, reason), meta)
 
     async def _select(self, node: Select) -> None:
         index, meta = await self.backend.select(self.text, node.choices, method=node.method)

@@ -148,6 +148,7 @@ def test_the_templates_are_the_published_ones() -> None:
         "llama-3.1-instruct": "Today Date: 26 Jul 2024",
         "qwen2.5-instruct": "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.",
         "qwen3": "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n",
+        "deepseek-r1-distill-qwen": "<｜User｜>Hi<｜Assistant｜><think>\n",
         "mistral-7b-instruct-v0.3": "<s>[INST] Hi[/INST]",
         "gemma-2-it": "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n",
         "gemma-3-it": "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n",

@@ -15,6 +15,10 @@ SCHEMA = {
     "properties": {"city": {"type": "string", "maxLength": 10}},
     "required": ["city"],
 }
+WARNING = (
+    "json_schema keyword 'maxLength' is enforced more strictly (length-bounded strings cannot "
+    "hold escape sequences) at /properties/city"
+)
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +55,10 @@ def test_roles_become_chat_messages(backend: plait.OpenAIBackend) -> None:
     assert json.loads(state["record"])["city"] is not None
     assert state["pick"] in ("Paris", "Rome")
     assert state.meta("answer")["usage"]["prompt_tokens"] > 0
+    assert state.meta("record")["warnings"] == [WARNING]
+    assert state.meta("answer")["warnings"] == []
+    streamed = chat.run(backend=backend, temperature=0.7, seed=1, stream=True)
+    assert streamed.meta("record")["warnings"] == [WARNING]
 
 
 def test_text_without_roles_uses_completions(backend: plait.OpenAIBackend) -> None:

@@ -137,6 +137,37 @@ def test_constraints_hold(backend: Backend) -> None:
 
 
 @plait.program
+def unique_numbers(s):  # type: ignore[no-untyped-def]
+    schema = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
+    s += "Numbers: " + plait.gen("nums", json_schema=schema, max_tokens=16)
+
+
+def test_schema_warnings_reach_the_gen_meta(backend: Backend) -> None:
+    state = unique_numbers.run(backend=backend, temperature=0)
+    assert state.meta("nums")["warnings"] == [
+        "json_schema keyword 'uniqueItems' is not enforced (duplicate items are not rejected) at /"
+    ]
+
+
+@plait.program
+def reasoned(s):  # type: ignore[no-untyped-def]
+    s += "Q: " + plait.gen(
+        "answer", json_schema=SCHEMA, reasoning=True, max_reasoning_tokens=5, max_tokens=64,
+        logit_bias={67: 100.0}, temperature=0,  # "a" (67), which JSON cannot start with
+    )  # fmt: skip
+    s += "\nPlain: " + plait.gen("plain", max_tokens=3)
+
+
+def test_gen_keeps_its_reasoning_in_its_own_variable(backend: Backend) -> None:
+    state = reasoned.run(backend=backend)
+    assert state["answer_reasoning"] == "aaaaa"
+    assert state.meta("answer")["reasoning"] == "aaaaa"
+    jsonschema.validate(json.loads(state["answer"]), SCHEMA)
+    assert state.text().startswith("Q: aaaaa</think>" + state["answer"] + "\nPlain: ")
+    assert "plain_reasoning" not in state and "reasoning" not in state.meta("plain")
+
+
+@plait.program
 def short_city(s):  # type: ignore[no-untyped-def]
     s += "City: " + plait.gen("city", json_schema=City, max_tokens=24)
 

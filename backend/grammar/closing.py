@@ -83,16 +83,18 @@ class Closer:
         is_json: bool,
         cut: bool,
         sent: int = 0,
+        start: int = 0,
     ) -> Jump | None:
         """How to end the output now (remove the last `removed` tokens, append `appended`)
         so that it is complete, or None to let the model go on. `room`: tokens the request
         may still write; `cut`: it has just reached its limit; `sent`: output tokens already
-        emitted (never taken back)."""
+        emitted (never taken back); `start`: where the grammar's part of the output begins
+        (after a reasoning section)."""
         if cut:
             return None if matcher.is_completed() else self._fall_back(output, state, sent)
         if room > state.next_look or room <= 0:
             return None
-        ids = self._completion(matcher, output=output, is_json=is_json)
+        ids = self._completion(matcher, output=output[start:], is_json=is_json)
         later = room // 2
         if ids is None:
             state.next_look = NEVER

@@ -58,6 +58,7 @@ class MaskFiller:
         if not rows:
             return lambda: Filled(None)
         mask = self._rows(len(matchers))
+        mask[[i for i, m in enumerate(matchers) if m is None]] = -1  # rows left unmasked
         chosen = [m for m in matchers if m is not None]
         job = self.pool.submit(self._fill, self.batch, chosen, mask=mask, rows=rows)
 

@@ -10,6 +10,7 @@ import xgrammar as xgr
 from plait.backend.grammar.closing import CloseState
 from plait.backend.grammar.compiler import CompiledConstraint
 from plait.backend.grammar.jump_forward import Jump
+from plait.backend.grammar.reasoning_gate import ReasoningGate
 from plait.backend.grammar.regex_fsm import RegexCursor
 
 JSON_KINDS = frozenset({"json_schema", "json_object"})
@@ -17,7 +18,9 @@ JSON_KINDS = frozenset({"json_schema", "json_object"})
 
 class RequestGrammar:
     """A request's matcher (and, for regex constraints, its DFA cursor), advanced token by
-    token; `token_bytes` maps token ids to their bytes."""
+    token; `token_bytes` maps token ids to their bytes. `gate`: the reasoning section the
+    grammar waits out (None: it applies from the first token); `start`: the first output
+    token the matcher accepted (rewrites never reach before it)."""
 
     def __init__(
         self,
@@ -31,6 +34,13 @@ class RequestGrammar:
         self.cursor = RegexCursor(compiled.regex_fsm) if compiled.regex_fsm else None
         self.closing = CloseState()
         self.token_bytes = token_bytes
+        self.gate: ReasoningGate | None = None
+        self.start = 0
+
+    @property
+    def waiting(self) -> bool:
+        """The output is still inside the reasoning section: no mask, no accepting."""
+        return self.gate is not None and self.gate.open
 
     @property
     def is_json(self) -> bool:

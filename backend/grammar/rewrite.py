@@ -74,7 +74,8 @@ class Rewriter:
             state=state.closing,
             is_json=state.is_json,
             cut=self._cut(req),
-            sent=req.sent_len,
+            sent=max(req.sent_len, state.start),
+            start=state.start,
         )
         return jump.removed if jump is not None and state.apply(out, jump) else None
 
@@ -87,7 +88,8 @@ class Rewriter:
         if not forced:
             return None
         out = req.output_ids
-        rollback = min(len(out) - req.sent_len, req.kv_len - req.cached_len + 1)
+        floor = max(req.sent_len, state.start)  # never into the reasoning section
+        rollback = min(len(out) - floor, req.kv_len - req.cached_len + 1)
         tail = out[len(out) - rollback :] if rollback > 0 else []
         plan = self.retokenizer.plan(
             tail=tail, forced=forced, room=req.params.max_new_tokens - len(out)

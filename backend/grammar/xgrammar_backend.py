@@ -31,6 +31,7 @@ from plait.backend.grammar.hooks import GrammarHooks, MaskWaiter, Rewrite
 from plait.backend.grammar.jump_forward import Encoder, Retokenizer
 from plait.backend.grammar.masks import TIMING_LOG_SIZE, MaskFiller
 from plait.backend.grammar.matcher import RequestGrammar
+from plait.backend.grammar.reasoning_gate import make_gate
 from plait.backend.grammar.rewrite import Rewriter
 from plait.backend.grammar.workers import MAX_GRAMMAR_BYTES, CompileJob, WorkerPool
 from plait.backend.req import INTERNAL_ERROR, FinishReason, Req
@@ -99,6 +100,8 @@ class XGrammarBackend:
                 continue
             del self.waiting[req]
             if not isinstance(outcome, str):
+                outcome = self._refused(outcome) or outcome
+            if not isinstance(outcome, str):
                 try:
                     self._attach(req, outcome)
                 except Exception as exc:  # noqa: BLE001 - this request fails, not the poll
@@ -136,9 +139,21 @@ class XGrammarBackend:
                 self.compile_log.append(job.future.result().compile_s)
         self.cache.collect()
 
+    def _refused(self, compiled: CompiledConstraint) -> str | None:
+        """With `strict_schemas`, a constraint with warnings fails its request (an error
+        naming the constraint's field, so the server answers 400)."""
+        if not (self.config.strict_schemas and compiled.warnings):
+            return None
+        gaps = "; ".join(compiled.warnings)
+        kind = compiled.key.kind
+        return f"{kind}: the grammar cannot enforce this schema (strict schemas): {gaps}"
+
     def _attach(self, req: Req, compiled: CompiledConstraint) -> None:
         stops = sorted(req.eos_ids | set(req.params.stop_token_ids)) or None
-        req.grammar = RequestGrammar(compiled, stop_ids=stops, token_bytes=self.token_bytes)
+        state = RequestGrammar(compiled, stop_ids=stops, token_bytes=self.token_bytes)
+        parser = self.config.reasoning_parser
+        state.gate = make_gate(req, parser=parser, token_bytes=self.token_bytes)
+        req.grammar = state
         req.warnings = req.warnings + compiled.warnings
 
     # --- decoding ---------------------------------------------------------------------
@@ -158,6 +173,11 @@ class XGrammarBackend:
         """Advance the matcher; a token outside the grammar (only possible when every
         allowed token was banned, e.g. stop tokens before min_new_tokens) ends the request."""
         state: RequestGrammar = req.grammar
+        gate = state.gate
+        if gate is not None and gate.open:
+            gate.feed(token)
+            state.start = len(req.output_ids)
+            return
         if state.accept(token):
             return
         _drop_last_token(req)
@@ -168,6 +188,19 @@ class XGrammarBackend:
             req.finish(FinishReason("error", message=message))
 
     def after_sample(self, req: Req) -> Rewrite | None:
+        state: RequestGrammar = req.grammar
+        if state.gate is None or req.finished is not None:
+            return self.rewriter.after_sample(req)
+        room = req.params.max_new_tokens - len(req.output_ids)
+        edit = state.gate.edit(req.output_ids, encode=self.rewriter.retokenizer.encode, room=room)
+        if edit is not None:
+            del req.output_ids[edit.kept :]
+            req.output_ids.extend(edit.appended)
+            state.start = len(req.output_ids)
+            return Rewrite(edit.kept)
+        if state.waiting or state.start == len(req.output_ids):
+            req.hold_from = None
+            return None
         return self.rewriter.after_sample(req)
 
     def release(self, req: Req) -> None:
@@ -189,7 +222,9 @@ def _drop_last_token(req: Req) -> None:
 
 
 def _matcher(req: Req) -> xgr.GrammarMatcher | None:
-    return req.grammar.matcher if req.grammar is not None else None
+    """The request's matcher; None for no grammar, or one waiting out a reasoning section."""
+    state: RequestGrammar | None = req.grammar
+    return state.matcher if state is not None and not state.waiting else None
 
 
 def tokenizer_info(tokenizer: PreTrainedTokenizerBase, vocab_size: int) -> xgr.TokenizerInfo:

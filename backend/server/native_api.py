@@ -35,7 +35,9 @@ from plait.backend.server.serving import (
     make_params,
     open_stream,
     raise_if_error,
+    request_warnings,
     sse,
+    warnings_header,
 )
 
 HEALTH_TIMEOUT_S = 20.0
@@ -71,18 +73,20 @@ class NativeApi:
         jobs, single = await ctx.offload(generate_jobs, ctx, body)
         started, text = time.monotonic(), body.return_text_in_logprobs
         if body.stream:
-            events = await open_stream(ctx, request, jobs)
-            return sse(generate_chunks(ctx, jobs=jobs, events=events, text=text, single=single))
+            opened = await open_stream(ctx, request, jobs)
+            chunks = generate_chunks(ctx, jobs=jobs, events=opened.events, text=text, single=single)
+            return sse(chunks, headers=warnings_header(opened.warnings))
         results = await collect(ctx, request, jobs=jobs)
         outs = [
             generate_output(ctx, job, result=res, text=text, started=started)
             for job, res in zip(job_of(jobs), results, strict=True)
         ]
-        return outs[0] if single and len(outs) == 1 else outs
+        content = outs[0] if single and len(outs) == 1 else outs
+        return JSONResponse(content, headers=warnings_header(request_warnings(results)))
 
     async def get_model_info(self) -> dict[str, Any]:
         """SGLang's fields, plus the chat template so plait's HttpBackend renders roles
-        exactly as the model expects."""
+        exactly as the model expects, and the reasoning parser its gens split by."""
         info, tok = self.ctx.engine.info, self.ctx.engine.tokenizer
         return {
             "model_path": info.model,
@@ -91,6 +95,7 @@ class NativeApi:
             "served_model_name": self.ctx.model_name,
             "context_length": info.context_len,
             "chat_template": getattr(tok, "chat_template", None),
+            "reasoning_parser": self.ctx.engine.config.reasoning_parser,
             "bos_token": tok.bos_token,
             "eos_token": tok.eos_token,
         }
@@ -243,6 +248,7 @@ def generate_output(
         "completion_tokens": usage.get("completion_tokens", len(res["output_ids"])),
         "cached_tokens": usage.get("cached_tokens", 0),
         "e2e_latency": time.monotonic() - started,
+        "warnings": list(res.get("warnings") or ()),
     }
     if job.params.return_logprob:
         top = job.params.top_logprobs_num
@@ -283,6 +289,7 @@ def fold(acc: dict[str, Any] | None, item: dict[str, Any]) -> dict[str, Any]:
         acc["logprobs"] = {"output": [], "output_top": [], "input": None, "input_top": None}
     acc["text"] += item["text"]
     acc["output_ids"] += item["output_ids"]
+    acc["warnings"] = acc.get("warnings", []) + list(item.get("warnings") or ())
     logprobs, mine = item.get("logprobs") or {}, acc["logprobs"]
     mine["output"] += logprobs.get("output", [])
     mine["output_top"] += logprobs.get("output_top", [])

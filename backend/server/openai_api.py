@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
 
 from plait.backend.request_checks import check_text, prompt_batch
 from plait.backend.sampling_params import CONSTRAINT_FIELDS, WIRE
@@ -39,6 +40,7 @@ from plait.backend.server.serving import (
     make_params,
     open_stream,
     sse,
+    warnings_header,
 )
 from plait.backend.server.tool_calls import (
     ToolPlan,
@@ -48,6 +50,12 @@ from plait.backend.server.tool_calls import (
 )
 
 DEFAULT_COMPLETION_TOKENS = 16
+# the constraint fields response_format sets, as errors name them
+FORMAT_NAMES = {
+    "json_schema": "response_format.json_schema.schema",
+    "json_object": "response_format",
+    "structural_tag": "response_format",
+}
 
 
 class OpenAIApi:
@@ -73,19 +81,23 @@ class OpenAIApi:
         ctx = self.ctx
         jobs = await ctx.offload(completion_jobs, ctx, body)
         if body.stream:
-            events = await open_stream(ctx, request, jobs)
-            return sse(completion_chunks(ctx, body, jobs=jobs, events=events))
+            opened = await open_stream(ctx, request, jobs)
+            chunks = completion_chunks(ctx, body, jobs=jobs, opened=opened)
+            return sse(chunks, headers=warnings_header(opened.warnings))
         results = await collect(ctx, request, jobs=jobs)
-        return completion_response(ctx, body, jobs=jobs, results=results)
+        content = completion_response(ctx, body, jobs=jobs, results=results)
+        return JSONResponse(content, headers=warnings_header(content["warnings"]))
 
     async def chat(self, body: ChatCompletionRequest, request: Request) -> Any:
         ctx = self.ctx
         jobs = await ctx.offload(chat_jobs, ctx, body)
         if body.stream:
-            events = await open_stream(ctx, request, jobs)
-            return sse(chat_chunks(ctx, body, jobs=jobs, events=events))
+            opened = await open_stream(ctx, request, jobs)
+            chunks = chat_chunks(ctx, body, jobs=jobs, opened=opened)
+            return sse(chunks, headers=warnings_header(opened.warnings))
         results = await collect(ctx, request, jobs=jobs)
-        return chat_response(ctx, body, jobs=jobs, results=results)
+        content = chat_response(ctx, body, jobs=jobs, results=results)
+        return JSONResponse(content, headers=warnings_header(content["warnings"]))
 
     async def tokenize(self, body: TokenizeRequest) -> dict[str, Any]:
         return await self.ctx.offload(tokenize, self.ctx, body)
@@ -160,7 +172,9 @@ def sampling_fields(req: OpenAISampling) -> tuple[dict[str, Any], dict[str, str]
     fields, names = req.sampling(), dict(OPENAI_NAMES)
     vllm, vllm_names = vllm_fields(req)
     names.update(vllm_names)
-    for more in (format_fields(req.response_format), vllm):
+    formatted = format_fields(req.response_format)
+    names.update({field: FORMAT_NAMES[field] for field in formatted})
+    for more in (formatted, vllm):
         clash = sorted(k for k in more if fields.get(k) is not None)
         if clash:
             raise ApiError(
@@ -230,9 +244,10 @@ def completion_jobs(ctx: ServerContext, req: CompletionRequest) -> list[Job]:
     for ids in prompts.ids:
         if given["input_ids"] is not None:
             ctx.check_ids(ids, field="prompt")
-        names = {"prompt_field": "prompt", "max_field": "max_tokens"}
-        ctx.check_lengths(len(ids), max_new=params.max_new_tokens, **names)
-        jobs.append(Job(ids, params))
+        ctx.check_lengths(
+            len(ids), max_new=params.max_new_tokens, prompt_field="prompt", max_field="max_tokens"
+        )
+        jobs.append(Job(ids, params, names=names))
     return jobs
 
 
@@ -258,6 +273,7 @@ def chat_jobs(ctx: ServerContext, req: ChatCompletionRequest) -> list[Job]:
         if any(fields.get(name) not in (None, False) for name in CONSTRAINT_FIELDS):
             raise ApiError(400, "tools: cannot be combined with a constraint", param="tools")
         fields["structural_tag"] = structural_tag(plan)
+        names = {**names, "structural_tag": "tools"}
     if req.logprobs:
         fields.update(return_logprob=True, top_logprobs_num=req.top_logprobs or 0)
     params = make_params(fields, names=names, lax=True)
@@ -274,7 +290,7 @@ def chat_jobs(ctx: ServerContext, req: ChatCompletionRequest) -> list[Job]:
     ctx.check_lengths(
         len(ids), max_new=params.max_new_tokens, prompt_field="messages", max_field=field
     )
-    return [Job(ids, params)]
+    return [Job(ids, params, names=names)]
 
 
 def template_kwargs(ctx: ServerContext, req: ChatCompletionRequest) -> dict[str, Any]:

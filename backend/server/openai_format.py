@@ -14,8 +14,23 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from plait.backend.reasoning import (
+    PROMPT_TAIL_TOKENS,
+    ReasoningSplitter,
+    Split,
+    request_format,
+    starts_in_reasoning,
+)
 from plait.backend.server.protocol import ChatCompletionRequest, CompletionRequest, OpenAISampling
-from plait.backend.server.serving import Chunks, Events, Job, ServerContext, job_of, raise_if_error
+from plait.backend.server.serving import (
+    Chunks,
+    Job,
+    OpenStream,
+    ServerContext,
+    job_of,
+    raise_if_error,
+    request_warnings,
+)
 from plait.backend.server.tool_calls import ToolCallStream, plan_tools, split_tool_calls
 
 Token = tuple[float, int]
@@ -104,7 +119,8 @@ def completion_response(
         for i, (job, res) in enumerate(zip(job_of(jobs), results, strict=True))
     ]
     envelope = _envelope(req, kind="text_completion", prefix="cmpl")
-    return {**envelope, "choices": choices, "usage": usage(jobs, results)}
+    warnings = request_warnings(results)
+    return {**envelope, "choices": choices, "usage": usage(jobs, results), "warnings": warnings}
 
 
 # --- chat completions ---------------------------------------------------------------------
@@ -139,11 +155,15 @@ def chat_response(
 ) -> dict[str, Any]:
     tools = plan_tools(req) is not None
     choices = []
-    for index, res in enumerate(results):
+    for index, (job, res) in enumerate(zip(job_of(jobs), results, strict=True)):
         message: dict[str, Any] = {"role": "assistant", "content": res["text"]}
+        splitter = reasoning_splitter(ctx, job)
+        if splitter is not None:
+            split = splitter.split(res["text"])
+            message.update(content=split.content, reasoning_content=split.reasoning)
         calls: list[dict[str, Any]] = []
         if tools:
-            message["content"], calls = split_tool_calls(res["text"])
+            message["content"], calls = split_tool_calls(message["content"])
             if calls:
                 message["tool_calls"] = calls
         choice = {"index": index, "message": message}
@@ -151,7 +171,18 @@ def chat_response(
         choice["finish_reason"] = _chat_finish(res, calls)
         choices.append(choice)
     envelope = _envelope(req, kind="chat.completion", prefix="chatcmpl")
-    return {**envelope, "choices": choices, "usage": usage(jobs, results)}
+    warnings = request_warnings(results)
+    return {**envelope, "choices": choices, "usage": usage(jobs, results), "warnings": warnings}
+
+
+def reasoning_splitter(ctx: ServerContext, job: Job) -> ReasoningSplitter | None:
+    """How a chat choice's text splits into `reasoning_content` and `content` (None: the
+    server has no reasoning parser, or the request turned reasoning off)."""
+    fmt = request_format(ctx.engine.config.reasoning_parser, reasoning=job.params.reasoning)
+    if fmt is None:
+        return None
+    prompt = str(ctx.engine.tokenizer.decode(job.input_ids[-PROMPT_TAIL_TOKENS:]))
+    return ReasoningSplitter(fmt, in_reasoning=starts_in_reasoning(fmt, prompt))
 
 
 def _chat_finish(item: dict[str, Any], calls: list[dict[str, Any]]) -> str | None:
@@ -160,13 +191,24 @@ def _chat_finish(item: dict[str, Any], calls: list[dict[str, Any]]) -> str | Non
     return "tool_calls" if calls and name == "stop" else name
 
 
+def _reasoning_delta(splitter: ReasoningSplitter | None, item: dict[str, Any]) -> Split:
+    """The increment's reasoning and content (all content without a splitter)."""
+    if splitter is None:
+        return Split("", item["text"])
+    part = splitter.feed(item["text"])
+    if item["finish_reason"] is None:
+        return part
+    rest = splitter.finish()
+    return Split(part.reasoning + rest.reasoning, part.content + rest.content)
+
+
 def _chat_delta(
-    stream: ToolCallStream | None, item: dict[str, Any]
+    stream: ToolCallStream | None, text: str, item: dict[str, Any]
 ) -> tuple[str, list[dict[str, Any]]]:
     """Content to stream now and, when the choice ends, its tool calls."""
     if stream is None:
-        return item["text"], []
-    content = stream.feed(item["text"])
+        return text, []
+    content = stream.feed(text)
     if item["finish_reason"] is None:
         return content, []
     rest, calls = stream.finish()
@@ -175,10 +217,12 @@ def _chat_delta(
 
 # --- streaming ----------------------------------------------------------------------------
 class ChunkWriter:
-    """One stream's chunk envelope, which choices have started, and their usage."""
+    """One stream's chunk envelope, which choices have started, and their usage; the chunk
+    that ends a choice carries the request's `warnings`."""
 
-    def __init__(self, req: OpenAISampling, *, kind: str, prefix: str) -> None:
+    def __init__(self, req: OpenAISampling, *, kind: str, prefix: str, warnings: list[str]) -> None:
         self.base = _envelope(req, kind=kind, prefix=prefix)
+        self.warnings = warnings
         self.include_usage = bool(req.stream_options and req.stream_options.include_usage)
         self.usage: dict[int, dict[str, Any]] = {}
         self.started: set[int] = set()
@@ -186,6 +230,8 @@ class ChunkWriter:
     def chunk(self, choice: dict[str, Any]) -> dict[str, Any]:
         self.started.add(choice["index"])
         out = {**self.base, "choices": [choice]}
+        if choice["finish_reason"] is not None:
+            out["warnings"] = self.warnings
         return {**out, "usage": None} if self.include_usage else out
 
     def track(self, index: int, item: dict[str, Any]) -> bool:
@@ -202,11 +248,11 @@ class ChunkWriter:
 
 
 async def completion_chunks(
-    ctx: ServerContext, req: CompletionRequest, *, jobs: list[Job], events: Events
+    ctx: ServerContext, req: CompletionRequest, *, jobs: list[Job], opened: OpenStream
 ) -> Chunks:
-    writer = ChunkWriter(req, kind="text_completion", prefix="cmpl")
+    writer = ChunkWriter(req, kind="text_completion", prefix="cmpl", warnings=opened.warnings)
     by_index = job_of(jobs)
-    async with contextlib.aclosing(events):
+    async with contextlib.aclosing(opened.events) as events:
         async for index, item in events:
             raise_if_error(ctx, item)
             first = index not in writer.started
@@ -220,23 +266,30 @@ async def completion_chunks(
 
 
 async def chat_chunks(
-    ctx: ServerContext, req: ChatCompletionRequest, *, jobs: list[Job], events: Events
+    ctx: ServerContext, req: ChatCompletionRequest, *, jobs: list[Job], opened: OpenStream
 ) -> Chunks:
-    writer = ChunkWriter(req, kind="chat.completion.chunk", prefix="chatcmpl")
-    samples = range(len(job_of(jobs)))
+    kind, warnings = "chat.completion.chunk", opened.warnings
+    writer = ChunkWriter(req, kind=kind, prefix="chatcmpl", warnings=warnings)
+    by_index = job_of(jobs)
+    samples = range(len(by_index))
     streams = {} if plan_tools(req) is None else {i: ToolCallStream() for i in samples}
-    async with contextlib.aclosing(events):
+    splitters = {i: reasoning_splitter(ctx, by_index[i]) for i in samples}
+    async with contextlib.aclosing(opened.events) as events:
         async for index, item in events:
             raise_if_error(ctx, item)
             first = index not in writer.started
             if writer.track(index, item) and not first:
                 continue
             delta: dict[str, Any] = {"role": "assistant"} if first else {}
-            delta["content"], calls = _chat_delta(streams.get(index), item)
+            part = _reasoning_delta(splitters[index], item)
+            if part.reasoning:
+                delta["reasoning_content"] = part.reasoning
+            delta["content"], calls = _chat_delta(streams.get(index), part.content, item)
             logprobs = _chat_logprobs_of(ctx, req, item=item)
             tokens = bool(logprobs and logprobs["content"])
-            if not (first or delta["content"] or calls or item["finish_reason"] or tokens):
-                continue  # text held back while a tool call may be starting
+            said = delta["content"] or part.reasoning or calls
+            if not (first or said or item["finish_reason"] or tokens):
+                continue  # text held back (a tool call or a marker may be starting)
             if calls:
                 delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(calls)]
             choice = {"index": index, "delta": delta, "logprobs": logprobs}

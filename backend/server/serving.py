@@ -35,6 +35,8 @@ from plait.backend.server.protocol import ApiError, error_body
 T = TypeVar("T")
 LEADING_FIELD = re.compile(r"^(?:sampling_params\.)?([A-Za-z_][\w.]*(?:\[\d+\])?): ")
 PREP_THREADS = 4
+WARNINGS_HEADER = "X-Plait-Warnings"
+WARNINGS_HEADER_CHARS = 4096
 Event = tuple[int, dict[str, Any]]
 Events = AsyncGenerator[Event, None]
 Chunks = AsyncGenerator[dict[str, Any], None]
@@ -42,11 +44,13 @@ Chunks = AsyncGenerator[dict[str, Any], None]
 
 @dataclass(frozen=True)
 class Job:
-    """One prompt of a request: its token ids, params and (optional) request id."""
+    """One prompt of a request: its token ids, params, (optional) request id, and how the
+    client spelled the engine's fields (errors name the field as the client sent it)."""
 
     input_ids: list[int]
     params: SamplingParams
     rid: str | None = None
+    names: Mapping[str, str] = field(default_factory=dict)  # engine field -> client's name
 
 
 @dataclass
@@ -143,11 +147,43 @@ def error_status(ctx: ServerContext, message: str) -> int:
     return 500 if message.startswith(INTERNAL_ERROR) else 400
 
 
-def raise_if_error(ctx: ServerContext, item: dict[str, Any]) -> None:
+def raise_if_error(
+    ctx: ServerContext, item: dict[str, Any], *, names: Mapping[str, str] | None = None
+) -> None:
+    """An ApiError if `item` failed, naming the field as `names` spells it."""
     reason = item.get("finish_reason") or {}
     if reason.get("type") == "error":
         message = str(reason.get("message", "request failed"))
-        raise ApiError(error_status(ctx, message), message, param=field_named(message))
+        param = field_named(message)
+        if param is not None and names and param in names:
+            if message.startswith(f"{param}: "):
+                message = f"{names[param]}: {message[len(param) + 2 :]}"
+            param = names[param]
+        raise ApiError(error_status(ctx, message), message, param=param)
+
+
+# --- warnings -----------------------------------------------------------------------------
+def request_warnings(items: Sequence[dict[str, Any] | None]) -> list[str]:
+    """The warnings of a request's results (each once, in order): what the grammar layer
+    reported about its constraint (`plait.backend.grammar.schema.warnings`)."""
+    found = (w for item in items if item is not None for w in item.get("warnings") or ())
+    return list(dict.fromkeys(found))
+
+
+def warnings_header(warnings: Sequence[str]) -> dict[str, str]:
+    """`X-Plait-Warnings`: the warnings as a JSON list in ASCII, at most WARNINGS_HEADER_CHARS
+    long (the ones left out are counted in a last entry; the body has them all)."""
+    if not warnings:
+        return {}
+    kept = list(warnings)
+    while kept:
+        more = len(warnings) - len(kept)
+        shown = kept + ([f"... {more} more in the response's warnings"] if more else [])
+        value = json.dumps(shown)
+        if len(value) <= WARNINGS_HEADER_CHARS:
+            return {WARNINGS_HEADER: value}
+        kept.pop()
+    return {WARNINGS_HEADER: json.dumps([f"{len(warnings)} warnings in the response"])}
 
 
 # --- running jobs -------------------------------------------------------------------------
@@ -161,11 +197,12 @@ async def collect(ctx: ServerContext, request: Request, *, jobs: Sequence[Job]) 
     """Final result of every sample (flat, job-major); 499 if the client disconnects."""
     results: list[Any] = [None] * sum(job.params.n for job in jobs)
     owner = caller_of(request).identity
+    by_index = job_of(jobs)
 
     async def run() -> None:
         async with contextlib.aclosing(_stream(ctx, jobs, stream=False, owner=owner)) as events:
             async for index, item in events:
-                raise_if_error(ctx, item)
+                raise_if_error(ctx, item, names=by_index[index].names)
                 results[index] = item
 
     task = asyncio.ensure_future(_submitting(run))
@@ -193,9 +230,19 @@ async def wait_disconnect(request: Request) -> None:
         pass
 
 
-async def open_stream(ctx: ServerContext, request: Request, jobs: Sequence[Job]) -> Events:
+@dataclass(frozen=True)
+class OpenStream:
+    """A started stream: its events (the first one included) and the request's warnings,
+    known from the first event (they come with every request's first output), so that they
+    can go into the response's headers."""
+
+    events: Events
+    warnings: list[str]
+
+
+async def open_stream(ctx: ServerContext, request: Request, jobs: Sequence[Job]) -> OpenStream:
     """The increments of `jobs`; raises ApiError before any event if the first one is an
-    error. Close it (aclosing) to abort what still runs."""
+    error. Close the events (aclosing) to abort what still runs."""
     events = _stream(ctx, jobs, stream=True, owner=caller_of(request).identity)
     try:
         first = await anext(events)
@@ -206,11 +253,11 @@ async def open_stream(ctx: ServerContext, request: Request, jobs: Sequence[Job])
         await events.aclose()
         raise
     try:
-        raise_if_error(ctx, first[1])
+        raise_if_error(ctx, first[1], names=job_of(jobs)[first[0]].names)
     except ApiError:
         await events.aclose()
         raise
-    return _chain(first, events)
+    return OpenStream(_chain(first, events), request_warnings([first[1]]))
 
 
 async def _chain(first: Event, rest: Events) -> Events:
@@ -223,9 +270,9 @@ async def _chain(first: Event, rest: Events) -> Events:
 
 
 # --- server-sent events -------------------------------------------------------------------
-def sse(chunks: Chunks) -> StreamingResponse:
+def sse(chunks: Chunks, *, headers: Mapping[str, str] | None = None) -> StreamingResponse:
     """`data: {json}` per chunk, then `data: [DONE]`; an ApiError mid-stream becomes an
-    error event."""
+    error event. `headers`: more response headers (warnings)."""
 
     async def body() -> AsyncIterator[bytes]:
         try:
@@ -237,5 +284,5 @@ def sse(chunks: Chunks) -> StreamingResponse:
             yield b"data: " + json.dumps(error).encode() + b"\n\n"
         yield b"data: [DONE]\n\n"
 
-    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    return StreamingResponse(body(), media_type="text/event-stream", headers=headers)
+    sent = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})}
+    return StreamingResponse(body(), media_type="text/event-stream", headers=sent)

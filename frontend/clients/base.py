@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from plait.backend.reasoning import Split, request_format, split_output
 from plait.chat_template import ChatTemplate
 from plait.select_methods import ChoiceLogprobs, choose
 
@@ -49,6 +50,17 @@ class Backend(ABC):
         return choose(
             method, choices, await self.score(prefix, choices, unconditional=unconditional)
         )
+
+    @property
+    def reasoning_parser(self) -> str | None:
+        """The model's reasoning format (`plait.backend.reasoning`), or None."""
+        return None
+
+    def split_reasoning(self, prompt: str, params: dict[str, Any], out: GenOutput) -> Split | None:
+        """A gen's reasoning and content (None: no reasoning format applies to it): by the
+        backend's reasoning parser, or `<think>` when the gen asks for `reasoning=True`."""
+        fmt = request_format(self.reasoning_parser, reasoning=params.get("reasoning"))
+        return None if fmt is None else split_output(fmt, out.text, prompt=prompt)
 
     @abstractmethod
     async def cache_prefix(self, text: str) -> dict[str, Any]:

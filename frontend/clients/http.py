@@ -44,6 +44,10 @@ class HttpBackend(Backend):
     def chat_template(self) -> ChatTemplate:
         return self._template
 
+    @property
+    def reasoning_parser(self) -> str | None:
+        return self.model_info.get("reasoning_parser")
+
     async def _post(self, body: dict[str, Any]) -> Any:
         return await self._http.post(f"{self.url}/generate", body)
 

@@ -36,6 +36,10 @@ class LocalBackend(Backend):
     def chat_template(self) -> ChatTemplate:
         return self._template
 
+    @property
+    def reasoning_parser(self) -> str | None:
+        return self.engine.config.reasoning_parser
+
     async def generate(
         self, text: str, params: dict[str, Any], *, on_text: OnText | None = None
     ) -> GenOutput:

@@ -13,6 +13,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from plait.backend.reasoning import Split
 from plait.backend.sampling_params import OPENAI_STANDARD
 from plait.chat_template import CHATML, ChatTemplate
 from plait.clients.base import Backend, ChoiceLogprobs, GenOutput, OnText, UnsupportedError
@@ -54,20 +55,31 @@ class OpenAIBackend(Backend):
         data = await self._http.post(self.base_url + path, body)
         choice = data["choices"][0]
         content = choice["message"]["content"] if "message" in choice else choice["text"]
-        return GenOutput(content or "", _meta(choice, data.get("usage")))
+        meta = _meta(choice, data.get("usage"), warnings=data.get("warnings"))
+        reasoning = choice.get("message", {}).get("reasoning_content")
+        if reasoning is not None:
+            meta["reasoning"] = reasoning
+        return GenOutput(content or "", meta)
 
     async def _stream(self, path: str, body: dict[str, Any], on_text: OnText) -> GenOutput:
         pieces: list[str] = []
         choice: dict[str, Any] = {}
+        warnings: list[str] | None = None
+        thoughts: list[str] = []
         async for chunk in self._http.events(self.base_url + path, body):
             if not chunk.get("choices"):
                 continue
             choice = chunk["choices"][0]
+            warnings = chunk.get("warnings", warnings)  # on the chunk that ends the choice
+            thoughts.append(choice.get("delta", {}).get("reasoning_content") or "")
             piece = choice.get("delta", {}).get("content") or choice.get("text") or ""
             if piece:
                 pieces.append(piece)
                 on_text(piece)
-        return GenOutput("".join(pieces), _meta(choice, None))
+        meta = _meta(choice, None, warnings=warnings)
+        if any(thoughts):
+            meta["reasoning"] = "".join(thoughts)
+        return GenOutput("".join(pieces), meta)
 
     def _body(self, text: str, params: dict[str, Any]) -> dict[str, Any]:
         for key, what in UNSUPPORTED.items():
@@ -93,6 +105,11 @@ class OpenAIBackend(Backend):
         else:
             body["messages"] = messages
         return body
+
+    def split_reasoning(self, prompt: str, params: dict[str, Any], out: GenOutput) -> Split | None:
+        """The server splits it (`reasoning_content`); the text is the content alone."""
+        reasoning = out.meta.get("reasoning")
+        return None if reasoning is None else Split(reasoning, out.text)
 
     async def score(
         self, prefix: str, choices: Sequence[str], *, unconditional: bool = False
@@ -130,7 +147,10 @@ def to_messages(text: str) -> list[dict[str, str]] | None:
     return [{"role": m.group(1), "content": m.group(2)} for m in turns[:-1]]
 
 
-def _meta(choice: dict[str, Any], usage: dict[str, Any] | None) -> dict[str, Any]:
+def _meta(
+    choice: dict[str, Any], usage: dict[str, Any] | None, *, warnings: list[str] | None
+) -> dict[str, Any]:
+    """A gen's meta from an OpenAI choice; `warnings`: a plait server's (others send none)."""
     reason = choice.get("finish_reason")
     usage = usage or {}
     details = usage.get("prompt_tokens_details") or {}
@@ -142,5 +162,5 @@ def _meta(choice: dict[str, Any], usage: dict[str, Any] | None) -> dict[str, Any
             "cached_tokens": details.get("cached_tokens", 0),
         },
         "logprobs": choice.get("logprobs"),
-        "warnings": [],
+        "warnings": list(warnings or []),
     }
