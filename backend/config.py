@@ -7,9 +7,12 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from plait.backend.speculative import SpeculativeConfig
+
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
-MAX_DEFAULT_THREADS = 8  # a small model's decode step stops scaling well before this
+MAX_DEFAULT_THREADS = 8
+MAX_DRAFT_TOKENS = 32  # a small model's decode step stops scaling well before this
 
 
 def default_threads() -> int:
@@ -44,6 +47,10 @@ class EngineConfig:
     `fused_decode`: a decode-only batch on the CPU runs every layer in one C call when the
     model allows it (quantized linear layers, fp32); False always takes the layer-by-layer
     path (tests, debugging).
+    `speculative_draft_tokens`: n-gram speculative decoding (prompt lookup) for greedy
+    requests, at most this many draft tokens per step (0: off; up to 7 keeps a verify step
+    on the fused decode path); drafts match the last `speculative_ngram` .. 1 tokens
+    (docs/performance.md, "Speculative decoding").
     """
 
     model: str = "plait-tiny"
@@ -72,6 +79,8 @@ class EngineConfig:
     quantization: str = "auto"
     profile_dir: str | None = None
     fused_decode: bool = True
+    speculative_draft_tokens: int = 0
+    speculative_ngram: int = 3
 
     def __post_init__(self) -> None:
         if self.quantization not in QUANTIZATIONS:
@@ -88,6 +97,10 @@ class EngineConfig:
             raise ValueError("kv_tokens must hold at least one page")
         if self.num_threads < 0:
             raise ValueError("num_threads must be >= 0 (0: one per available core)")
+        if self.speculative_draft_tokens < 0 or self.speculative_draft_tokens > MAX_DRAFT_TOKENS:
+            raise ValueError(f"speculative_draft_tokens must be in [0, {MAX_DRAFT_TOKENS}]")
+        if self.speculative_ngram < 1:
+            raise ValueError("speculative_ngram must be >= 1")
         if self.num_threads == 0:
             object.__setattr__(self, "num_threads", default_threads())
 
@@ -97,6 +110,15 @@ class EngineConfig:
         if self.chunked_prefill_size:
             return min(self.chunked_prefill_size, self.max_prefill_tokens)
         return self.max_prefill_tokens
+
+    @property
+    def speculative(self) -> SpeculativeConfig | None:
+        """How requests draft tokens, or None when speculative decoding is off."""
+        if not self.speculative_draft_tokens:
+            return None
+        return SpeculativeConfig(
+            draft_tokens=self.speculative_draft_tokens, max_ngram=self.speculative_ngram
+        )
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:

@@ -170,6 +170,12 @@ class XGrammarBackend:
     def after_sample(self, req: Req) -> Rewrite | None:
         return self.rewriter.after_sample(req)
 
+    def draft_masks(self, req: Req, draft: Sequence[int]) -> tuple[int, torch.Tensor]:
+        mask = torch.empty((len(draft) + 1, self.filler.words), dtype=torch.int32)
+        state: RequestGrammar = req.grammar
+        n = state.fill_draft(draft, mask)
+        return n, mask[: n + 1]
+
     def release(self, req: Req) -> None:
         self.waiting.pop(req, None)
         req.grammar = None
