@@ -95,8 +95,9 @@ def report(data: dict[str, Any]) -> str:
                      f"{off / on:.2f}x"])  # fmt: skip
     rate = data["accepted"] / data["drafted"] if data["drafted"] else 0.0
     table = markdown_table(["schema", "docs", "off (median)", "on (median)", "speedup"], rows)
-    return (f"{table}\n\nacceptance rate {rate:.2f} ({data['accepted']}/{data['drafted']} "
-            f"draft tokens); outputs identical: {data['identical']}; target >= {TARGET}x")  # fmt: skip
+    counts = f"{data['accepted']}/{data['drafted']} draft tokens"
+    same = f"outputs identical: {data['identical']}"
+    return f"{table}\n\nacceptance rate {rate:.2f} ({counts}); {same}; target >= {TARGET}x"
 
 
 def main() -> None:
@@ -110,9 +111,9 @@ def main() -> None:
     data = measure(args)
     text = report(data)
     print(text)
-    write_results("speculative", {**data, "table": text, "draft_tokens": args.draft_tokens,
-                                  "threads": args.threads, "reps": args.reps,
-                                  "load_avg_before": load, "load_avg_after": os.getloadavg()})  # fmt: skip
+    settings = {"draft_tokens": args.draft_tokens, "threads": args.threads, "reps": args.reps}
+    loads = {"load_avg_before": load, "load_avg_after": os.getloadavg()}
+    write_results("speculative", {**data, "table": text, **settings, **loads})
 
 
 if __name__ == "__main__":

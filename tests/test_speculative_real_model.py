@@ -59,7 +59,8 @@ def extraction_requests() -> tuple[list[list[int]], list[dict[str, Any]]]:
 
 def test_extraction_is_identical_with_drafts(smollm2_engine: Engine, speculating: Engine) -> None:
     ids, params = extraction_requests()
-    alone = [speculating.generate(input_ids=i, sampling_params=p) for i, p in zip(ids, params)]
+    pairs = zip(ids, params, strict=True)
+    alone = [speculating.generate(input_ids=i, sampling_params=p) for i, p in pairs]
     batched = speculating.generate(input_ids=ids, sampling_params=params)
     for prompt, p, one, many in zip(ids, params, alone, batched, strict=True):
         ref = smollm2_engine.generate(input_ids=prompt, sampling_params=p)
