@@ -88,7 +88,9 @@ class Speculator:
     def _draft(self, req: Req, config: SpeculativeConfig) -> list[int]:
         if req.spec is None:
             req.spec = SpecState(NgramIndex(config))
-        req.spec.index.sync(req.all_ids())
+        index = req.spec.index
+        stable = min(len(index.tokens), req.prompt_len + req.sent_len)  # never rewritten
+        index.sync(req.ids(stable, req.seq_len), start=stable)
         left = req.params.max_new_tokens - len(req.output_ids)
         room = min(left, self.context_len - req.seq_len) - 1  # the token after the draft
         return req.spec.index.propose(room)

@@ -72,15 +72,20 @@ class NgramIndex:
                 if not positions:
                     del self.starts[gram]
 
-    def sync(self, tokens: Sequence[int]) -> None:
-        """Make the index hold `tokens` (an output's end may have been rewritten)."""
-        n = len(self.tokens)
-        if list(tokens[:n]) != self.tokens:
-            keep = 0
-            while keep < n and keep < len(tokens) and tokens[keep] == self.tokens[keep]:
-                keep += 1
-            self.truncate(keep)
-        self.extend(tokens[len(self.tokens) :])
+    def sync(self, tokens: Sequence[int], *, start: int = 0) -> None:
+        """Make the index hold a sequence whose tokens from `start` on are `tokens` and whose
+        first `start` (at most the index's length) it holds already (an output's end may
+        have been rewritten since)."""
+        assert start <= len(self.tokens)
+        keep = start
+        while (
+            keep < len(self.tokens)
+            and keep - start < len(tokens)
+            and tokens[keep - start] == self.tokens[keep]
+        ):
+            keep += 1
+        self.truncate(keep)
+        self.extend(tokens[keep - start :])
 
     def propose(self, limit: int) -> list[int]:
         """Up to min(limit, draft_tokens) tokens that followed the latest earlier occurrence
