@@ -151,7 +151,7 @@ class StepResults:
         row = 0
         sampling: list[Req] = []
         sample_rows: list[int] = []
-        verifying: list[tuple[Req, torch.Tensor]] = []
+        verifying: list[tuple[Req, torch.Tensor, bool]] = []
         for req in batch:
             n = len(self.outputs.input_logprob_positions(req))
             if n:
@@ -159,7 +159,8 @@ class StepResults:
                     self.outputs.record_input_logprobs(req, logits[row : row + n])
             row += n
             if req.will_sample() and req.draft:
-                verifying.append((req, logits[row : row + 1 + len(req.draft)]))
+                cache = req.extend_len - len(req.draft) > 1  # as `Scheduler._process` does
+                verifying.append((req, logits[row : row + 1 + len(req.draft)], cache))
                 row += 1 + len(req.draft)
             elif req.will_sample():
                 sampling.append(req)
@@ -171,9 +172,9 @@ class StepResults:
             with contained(req, "prompt logprobs"):
                 self.outputs.mark_input_done(req)
         self._sample(sampling, logits[sample_rows], masks)
-        for req, rows in verifying:
+        for req, rows, cache in verifying:
             with contained(req, "verifying its draft"):
-                self.speculator.verify(req, rows, accept=self._accept, emit=self._emit)
+                self.speculator.verify(req, rows, accept=self._accept, emit=self._emit, cache=cache)
 
     def take_emitted(self) -> list[ReqOutput]:
         """The outputs sent between a draft's tokens this step (before the step's own)."""
