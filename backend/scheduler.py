@@ -367,7 +367,7 @@ class Scheduler:
 
     # --- results ----------------------------------------------------------------------
     def _process(self, batch: list[Req], logits: torch.Tensor, masks: StepMasks) -> list[ReqOutput]:
-        prefilled = [r for r in batch if r.extend_len > 1 and not r.draft]  # drafts: verify
+        prefilled = [r for r in batch if r.extend_len - len(r.draft) > 1]
         self.results.process(batch, logits, masks)
         for req in prefilled:
             if req.finished is None:

@@ -2,8 +2,7 @@
 
 Which requests draft: greedy ones whose next token is the plain (grammar-masked) argmax of
 the logits (no logit_bias, penalties or logprobs, no stop ids banned by min_new_tokens) and
-that extend by a few tokens (one, or the tokens jump-forward appended: the draft follows
-them, so a value copied after a forced key starts at once). `propose` gives each its draft
+that decode one token (not the tokens jump-forward appended). `propose` gives each its draft
 before the step's KV slots are allocated; a constrained request's draft ends at the first
 token its grammar rejects, and the grammar's mask of every draft position is computed then.
 The forward runs the last token and the draft as one short extend with logits at every
@@ -21,7 +20,6 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from plait.backend.forward_batch import MAX_DECODE_STYLE_EXTEND
 from plait.backend.grammar import GrammarHooks
 from plait.backend.kv_manager import KVManager
 from plait.backend.req import Req
@@ -65,8 +63,8 @@ class Speculator:
         """Whether decoding `req` with a draft gives the same tokens as without."""
         p = req.params
         plain = not (p.logit_bias or p.has_penalties or p.return_logprob)
-        short = req.seq_len - req.kv_len < MAX_DECODE_STYLE_EXTEND and req.finished is None
-        return p.is_greedy and plain and short and not req.below_min_tokens()
+        one = req.seq_len - req.kv_len == 1 and req.finished is None
+        return p.is_greedy and plain and one and not req.below_min_tokens()
 
     # --- before the forward -----------------------------------------------------------
     def propose(self, decodes: Sequence[Req]) -> None:
@@ -95,7 +93,6 @@ class Speculator:
         index.sync(req.ids(stable, req.seq_len), start=stable)
         left = req.params.max_new_tokens - len(req.output_ids)
         room = min(left, self.context_len - req.seq_len) - 1  # the token after the draft
-        room = min(room, MAX_DECODE_STYLE_EXTEND - (req.seq_len - req.kv_len))  # stay short
         return req.spec.index.propose(room)
 
     def _constrain(self, req: Req) -> None:
@@ -124,15 +121,12 @@ class Speculator:
         *,
         accept: Callable[[Req, int], bool],
         emit: Callable[[Req], None],
-        cache: bool,
     ) -> None:
         """Apply the tokens greedy decoding picks at the draft's positions (`logits`, one
         row per position: after the last token, then after each draft token) while they
         confirm the draft, plus one. `accept(req, token)` applies one token as a decode step
         would (True: the grammar rewrote the output); `emit(req)` sends what a step would
-        send between tokens; `cache`: the extend before the draft was longer than one token
-        (jump-forward's), so its prefix is cached after the first token, as a step caches
-        it. `req.kv_len` counts the draft's positions on entry."""
+        send between tokens. `req.kv_len` counts the draft's positions on entry."""
         assert req.spec is not None
         draft, req.draft = req.draft, []
         masks, req.spec.masks = req.spec.masks, None
@@ -144,8 +138,6 @@ class Speculator:
             while True:
                 req.kv_len = base + i  # as decoding would have it before token i
                 rewritten = accept(req, chosen[i])
-                if i == 0 and cache and req.finished is None:
-                    self.kv.cache_prefix(req)
                 if rewritten or req.finished is not None or i == agreed:
                     break
                 emit(req)

@@ -151,7 +151,7 @@ class StepResults:
         row = 0
         sampling: list[Req] = []
         sample_rows: list[int] = []
-        verifying: list[tuple[Req, torch.Tensor, bool]] = []
+        verifying: list[tuple[Req, torch.Tensor]] = []
         for req in batch:
             n = len(self.outputs.input_logprob_positions(req))
             if n:
@@ -159,8 +159,7 @@ class StepResults:
                     self.outputs.record_input_logprobs(req, logits[row : row + n])
             row += n
             if req.will_sample() and req.draft:
-                cache = req.extend_len - len(req.draft) > 1  # as `Scheduler._process` does
-                verifying.append((req, logits[row : row + 1 + len(req.draft)], cache))
+                verifying.append((req, logits[row : row + 1 + len(req.draft)]))
                 row += 1 + len(req.draft)
             elif req.will_sample():
                 sampling.append(req)
@@ -172,9 +171,9 @@ class StepResults:
             with contained(req, "prompt logprobs"):
                 self.outputs.mark_input_done(req)
         self._sample(sampling, logits[sample_rows], masks)
-        for req, rows, cache in verifying:
+        for req, rows in verifying:
             with contained(req, "verifying its draft"):
-                self.speculator.verify(req, rows, accept=self._accept, emit=self._emit, cache=cache)
+                self.speculator.verify(req, rows, accept=self._accept, emit=self._emit)
 
     def take_emitted(self) -> list[ReqOutput]:
         """The outputs sent between a draft's tokens this step (before the step's own)."""
