@@ -8,10 +8,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from plait.backend.reasoning import REASONING_FORMATS
+from plait.backend.speculative import SpeculativeConfig
 
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
-MAX_DEFAULT_THREADS = 8  # a small model's decode step stops scaling well before this
+MAX_DEFAULT_THREADS = 8
+MAX_DRAFT_TOKENS = 32  # a small model's decode step stops scaling well before this
 
 
 def default_threads() -> int:
@@ -51,6 +53,10 @@ class EngineConfig:
     `reasoning_parser`: the reasoning format of the model (`plait.backend.reasoning`:
     deepseek-r1, qwen3, think); constrained requests are then masked only after the end of
     the reasoning section.
+    `speculative_draft_tokens`: n-gram speculative decoding (prompt lookup) for greedy
+    requests, at most this many draft tokens per step (0: off; up to 7 keeps a verify step
+    on the fused decode path); drafts match the last `speculative_ngram` .. 1 tokens
+    (docs/performance.md, "Speculative decoding").
     """
 
     model: str = "plait-tiny"
@@ -81,6 +87,8 @@ class EngineConfig:
     fused_decode: bool = True
     strict_schemas: bool = False
     reasoning_parser: str | None = None
+    speculative_draft_tokens: int = 0
+    speculative_ngram: int = 3
 
     def __post_init__(self) -> None:
         if self.quantization not in QUANTIZATIONS:
@@ -99,6 +107,10 @@ class EngineConfig:
             raise ValueError("num_threads must be >= 0 (0: one per available core)")
         if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_FORMATS:
             raise ValueError(f"reasoning_parser must be one of {sorted(REASONING_FORMATS)}")
+        if self.speculative_draft_tokens < 0 or self.speculative_draft_tokens > MAX_DRAFT_TOKENS:
+            raise ValueError(f"speculative_draft_tokens must be in [0, {MAX_DRAFT_TOKENS}]")
+        if self.speculative_ngram < 1:
+            raise ValueError("speculative_ngram must be >= 1")
         if self.num_threads == 0:
             object.__setattr__(self, "num_threads", default_threads())
 
@@ -108,6 +120,15 @@ class EngineConfig:
         if self.chunked_prefill_size:
             return min(self.chunked_prefill_size, self.max_prefill_tokens)
         return self.max_prefill_tokens
+
+    @property
+    def speculative(self) -> SpeculativeConfig | None:
+        """How requests draft tokens, or None when speculative decoding is off."""
+        if not self.speculative_draft_tokens:
+            return None
+        return SpeculativeConfig(
+            draft_tokens=self.speculative_draft_tokens, max_ngram=self.speculative_ngram
+        )
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:

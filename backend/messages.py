@@ -73,6 +73,7 @@ class ReqOutput:
     input_top_logprobs: list[list[Logprob] | None] | None = None
     warnings: tuple[str, ...] = ()
     detok_options: DetokOptions | None = None  # sent with a request's first output only
+    speculation: tuple[int, int] | None = None  # draft tokens verified, accepted (if any)
 
 
 @dataclass(frozen=True)

@@ -91,6 +91,7 @@ class OutputBuilder:
             input_logprobs=list(rec.input) if send_input else None,
             input_top_logprobs=list(rec.input_top) if send_input and rec.input_top else None,
             warnings=req.warnings,
+            speculation=(req.spec.drafted, req.spec.accepted) if req.spec else None,
             detok_options=None
             if req.emitted
             else DetokOptions(

@@ -10,6 +10,7 @@ import torch
 from plait.backend.radix_cache import TreeNode
 from plait.backend.request_checks import RequestError, check_lengths, check_token_ids
 from plait.backend.sampling_params import SamplingParams
+from plait.backend.speculative import SpecState
 from plait.backend.stop_conditions import StopMatch, StopRegexTimeout, Tail, first_stop
 
 FinishKind = Literal["stop", "length", "abort", "error"]
@@ -94,6 +95,8 @@ class Req:
         self.emitted = False
         self.warnings: tuple[str, ...] = ()
         self.generator: torch.Generator | None = None
+        self.draft: list[int] = []  # speculative tokens this step verifies after the sequence
+        self.spec: SpecState | None = None  # speculation state of a request that may draft
         if params.seed is not None:
             self.generator = torch.Generator().manual_seed(params.seed)
 
@@ -119,8 +122,8 @@ class Req:
         return self.origin_input_ids[start:] + self.output_ids[: end - n]
 
     def will_sample(self) -> bool:
-        """Whether this step's extend reaches the end of the sequence."""
-        return self.kv_len + self.extend_len == self.seq_len
+        """Whether this step's extend reaches the end of the sequence (and its draft)."""
+        return self.kv_len + self.extend_len == self.seq_len + len(self.draft)
 
     def match_limit(self) -> int:
         """How many leading tokens may come from the cache: at least the last token is

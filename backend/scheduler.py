@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 
 from plait.backend.config import EngineConfig
-from plait.backend.forward_batch import ForwardBatch, decode_style
+from plait.backend.forward_batch import decode_style
 from plait.backend.grammar import GrammarHooks
 from plait.backend.kv_manager import KVManager
 from plait.backend.messages import ReqOutput, Stats, TokenizedRequest
@@ -25,13 +25,7 @@ from plait.backend.output_builder import OutputBuilder, ended
 from plait.backend.req import INTERNAL_ERROR, FinishReason, Req
 from plait.backend.sampler import Sampler
 from plait.backend.schedule_policy import AdmissionPlan, SchedulePolicy
-from plait.backend.step_results import (
-    SplitBudget,
-    StepMasks,
-    StepResults,
-    contained,
-    forward_inputs,
-)
+from plait.backend.step_results import SplitBudget, StepMasks, StepResults, contained
 from plait.backend.tokenizer_utils import DecodeFn
 
 FUTURE_TOKENS_CLIP = 4096
@@ -76,6 +70,7 @@ class Scheduler:
             kv=self.kv,
             context_len=runner.context_len,
             counters=self._counters,
+            speculative=config.speculative,
         )
 
     # --- requests in ------------------------------------------------------------------
@@ -201,6 +196,7 @@ class Scheduler:
                 "steps": self._counters["steps"],
                 "busy_s": self._busy_s,
                 "cached_tokens": self.kv.tree.total_size(),
+                **self.results.speculator.stats(),
             },
         )
 
@@ -230,6 +226,7 @@ class Scheduler:
         for req in decodes:  # 1 token, or the tokens jump-forward appended
             req.extend_len = req.seq_len - req.kv_len
         decodes = self._reserve_decodes(decodes)
+        self.results.speculator.propose(decodes)
         prefills = self._admit()
         batch = prefills + decodes
         batch.sort(key=lambda r: decode_style(r.extend_len))
@@ -317,12 +314,12 @@ class Scheduler:
         assert ok, "admission must have reserved the pages"
         return self.kv.allocate(batch)
 
-    def _inputs(self, batch: Sequence[Req], slots: torch.Tensor) -> ForwardBatch:
-        return forward_inputs(batch, slots, outputs=self.outputs, table=self.kv.req_pool.table)
-
     def _begin_masks(self, batch: list[Req]) -> StepMasks:
-        """Start filling grammar masks for this step's sampling requests (in batch order)."""
-        sampling = [r for r in batch if r.will_sample() and r.params.max_new_tokens > 0]
+        """Start filling grammar masks for this step's sampling requests (in batch order;
+        a speculating request's masks come with its draft)."""
+        sampling = [
+            r for r in batch if r.will_sample() and r.params.max_new_tokens > 0 and not r.draft
+        ]
         if self.grammar is None or not any(r.grammar is not None for r in sampling):
             return StepMasks(lambda: None, sampling)
         return StepMasks(self.grammar.begin_fill(sampling), sampling)
@@ -331,7 +328,7 @@ class Scheduler:
         """Forward and results of `batch`; if the forward fails, the batch is retried in
         halves, so that only the requests it fails on alone fail."""
         try:
-            logits = self.runner.forward(self._inputs(batch, slots))
+            logits = self.runner.forward(self.results.inputs(batch, slots))
         except Exception:  # noqa: BLE001 - find the requests it fails on
             log.exception("forward of %d requests failed; retrying in halves", len(batch))
             return self._run_split(batch, masks, SplitBudget())
@@ -348,7 +345,7 @@ class Scheduler:
         for group in (batch[:half], batch[half:]):
             slots = torch.cat([self.kv.step_slots(r) for r in group])
             try:
-                logits = self.runner.forward(self._inputs(group, slots))
+                logits = self.runner.forward(self.results.inputs(group, slots))
             except Exception:  # noqa: BLE001 - narrow it down further
                 log.exception("forward of a group of %d requests failed", len(group))
                 out += self._run_split(group, masks, budget)
@@ -370,7 +367,7 @@ class Scheduler:
 
     # --- results ----------------------------------------------------------------------
     def _process(self, batch: list[Req], logits: torch.Tensor, masks: StepMasks) -> list[ReqOutput]:
-        prefilled = [r for r in batch if r.extend_len > 1]
+        prefilled = [r for r in batch if r.extend_len - len(r.draft) > 1]
         self.results.process(batch, logits, masks)
         for req in prefilled:
             if req.finished is None:
@@ -378,7 +375,7 @@ class Scheduler:
         return self._retire(batch)
 
     def _retire(self, batch: list[Req]) -> list[ReqOutput]:
-        out: list[ReqOutput] = []
+        out = self.results.take_emitted()
         for req in batch:
             if req.finished is None and req.sendable_len() > req.sent_len:
                 with contained(req, "building its output"):

@@ -19,9 +19,12 @@ import torch
 from plait.backend.forward_batch import ForwardBatch
 from plait.backend.grammar import GrammarHooks, MaskWaiter, Rewrite
 from plait.backend.kv_manager import KVManager
+from plait.backend.messages import ReqOutput
 from plait.backend.output_builder import OutputBuilder
 from plait.backend.req import INTERNAL_ERROR, FinishReason, Req
 from plait.backend.sampler import Sampler
+from plait.backend.spec_step import Speculator
+from plait.backend.speculative import SpeculativeConfig
 from plait.kernels import apply_token_bitmask
 
 MAX_SPLIT_FORWARDS = 32  # forwards a step may spend finding the requests a failure is due to
@@ -32,17 +35,20 @@ log = logging.getLogger("plait.scheduler")
 def forward_inputs(
     batch: Sequence[Req], slots: torch.Tensor, *, outputs: OutputBuilder, table: torch.Tensor
 ) -> ForwardBatch:
-    """The ForwardBatch of `batch` (each request's `extend_len` tokens into `slots`), with
-    logits for the prompt positions whose logprobs were asked for and the sampled ones."""
+    """The ForwardBatch of `batch` (each request's `extend_len` tokens into `slots`, a
+    speculative draft last), with logits for the prompt positions whose logprobs were asked
+    for and the sampled ones (every position of a draft)."""
     input_ids: list[int] = []
     logit_indices: list[int] = []
     for req in batch:
-        start = len(input_ids)
-        input_ids.extend(req.ids(req.kv_len, req.kv_len + req.extend_len))
+        start, drafted = len(input_ids), len(req.draft)
+        input_ids.extend(req.ids(req.kv_len, req.kv_len + req.extend_len - drafted))
+        input_ids.extend(req.draft)
         for pos in outputs.input_logprob_positions(req):
             logit_indices.append(start + pos - req.kv_len)
-        if req.will_sample():
-            logit_indices.append(start + req.extend_len - 1)
+        if req.will_sample():  # the last token's position, and each draft token's
+            last = start + req.extend_len - 1
+            logit_indices.extend(range(last - drafted, last + 1))
     return ForwardBatch.build(
         input_ids=input_ids,
         out_slots=slots,
@@ -122,7 +128,12 @@ class StepResults:
         kv: KVManager,
         context_len: int,
         counters: dict[str, int],
+        speculative: SpeculativeConfig | None = None,
     ) -> None:
+        self.speculator = Speculator(
+            config=speculative, kv=kv, grammar=grammar, context_len=context_len
+        )
+        self.emitted: list[ReqOutput] = []  # outputs sent between a draft's tokens
         self.sampler = sampler
         self.outputs = outputs
         self.grammar = grammar
@@ -130,19 +141,27 @@ class StepResults:
         self.context_len = context_len
         self.counters = counters
 
+    def inputs(self, batch: Sequence[Req], slots: torch.Tensor) -> ForwardBatch:
+        """The forward's inputs for `batch` (its KV slots `slots`)."""
+        return forward_inputs(batch, slots, outputs=self.outputs, table=self.kv.req_pool.table)
+
     def process(self, batch: Sequence[Req], logits: torch.Tensor, masks: StepMasks) -> None:
         """Record prompt logprobs, advance every request's KV length, sample and apply the
         new tokens. `logits` rows follow `batch` (prompt positions, then the sampled one)."""
         row = 0
         sampling: list[Req] = []
         sample_rows: list[int] = []
+        verifying: list[tuple[Req, torch.Tensor]] = []
         for req in batch:
             n = len(self.outputs.input_logprob_positions(req))
             if n:
                 with contained(req, "prompt logprobs"):
                     self.outputs.record_input_logprobs(req, logits[row : row + n])
             row += n
-            if req.will_sample():
+            if req.will_sample() and req.draft:
+                verifying.append((req, logits[row : row + 1 + len(req.draft)]))
+                row += 1 + len(req.draft)
+            elif req.will_sample():
                 sampling.append(req)
                 sample_rows.append(row)
                 row += 1
@@ -152,6 +171,20 @@ class StepResults:
             with contained(req, "prompt logprobs"):
                 self.outputs.mark_input_done(req)
         self._sample(sampling, logits[sample_rows], masks)
+        for req, rows in verifying:
+            with contained(req, "verifying its draft"):
+                self.speculator.verify(req, rows, accept=self._accept, emit=self._emit)
+
+    def take_emitted(self) -> list[ReqOutput]:
+        """The outputs sent between a draft's tokens this step (before the step's own)."""
+        out, self.emitted = self.emitted, []
+        return out
+
+    def _emit(self, req: Req) -> None:
+        """What a step sends for a running request, between two tokens of a draft."""
+        if req.finished is None and req.sendable_len() > req.sent_len:
+            with contained(req, "building its output"):
+                self.emitted.append(self.outputs.emit(req))
 
     def _sample(self, reqs: list[Req], logits: torch.Tensor, masks: StepMasks) -> None:
         for req in reqs:
@@ -189,9 +222,9 @@ class StepResults:
             out.append(value)
         return out
 
-    def _accept(self, req: Req, token: int, logprobs: torch.Tensor | None) -> None:
+    def _accept(self, req: Req, token: int, logprobs: torch.Tensor | None = None) -> bool:
         """Append `token`, record its logprob, advance the grammar, check for a finish and
-        apply what the grammar rewrites."""
+        apply what the grammar rewrites (True when it rewrote the output)."""
         req.output_ids.append(token)
         self.counters["generated"] += 1
         if logprobs is not None and req.params.return_logprob:
@@ -203,6 +236,8 @@ class StepResults:
             rewrite = self.grammar.after_sample(req)
             if rewrite is not None:
                 self._rewritten(req, rewrite)
+                return True
+        return False
 
     def _rewritten(self, req: Req, rewrite: Rewrite) -> None:
         """The grammar replaced the output tokens from `rewrite.kept` on (never emitted

@@ -98,12 +98,16 @@ class RequestState:
 
 
 def _usage(item: ReqStrOut) -> dict[str, int]:
+    """Token counts; with speculative decoding, the draft tokens verified and accepted."""
     out = item.out
-    return {
+    usage = {
         "prompt_tokens": out.prompt_tokens,
         "completion_tokens": out.completion_tokens,
         "cached_tokens": out.cached_tokens,
     }
+    if out.speculation is not None:
+        usage["spec_draft_tokens"], usage["spec_accepted_tokens"] = out.speculation
+    return usage
 
 
 class TokenizerManager:

@@ -247,3 +247,18 @@ def test_the_marker_is_not_written_past_max_new_tokens(engine: Engine) -> None:
     out = engine.generate("Q: <think>\n", params(max_new_tokens=7))  # 5 + a 4-token marker
     assert out["text"] == "a" * 7
     assert len(out["output_ids"]) == 7 and out["finish_reason"]["type"] == "length"
+
+
+def test_speculative_drafts_change_nothing_inside_or_after_the_reasoning(engine: Engine) -> None:
+    """Drafting is off inside the reasoning (the grammar's masks must not reach it) and on
+    after it; greedy outputs equal those of an engine that never drafts."""
+    free = {"json_schema": json.dumps(SCHEMA), "max_new_tokens": 40, "temperature": 0,
+            "max_reasoning_tokens": 12}  # fmt: skip
+    prompts = ["Q: <think>\n" + "b a b a b a " * 4, "Q: <think>\n\n</think>\n\n", "Q:"]
+    with tiny_engine(reasoning_parser="deepseek-r1", speculative_draft_tokens=4) as spec:
+        for prompt in prompts:
+            want, got = engine.generate(prompt, free), spec.generate(prompt, free)
+            assert got["output_ids"] == want["output_ids"], prompt
+            answer(
+                got["text"].rpartition("</think>")[2] if "</think>" in got["text"] else got["text"]
+            )

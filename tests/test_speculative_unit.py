@@ -48,6 +48,19 @@ def test_proposals_equal_the_definition_as_tokens_arrive_and_go(seed: int) -> No
         assert index.propose(limit) == brute_force(tokens, config, limit)
 
 
+@pytest.mark.parametrize("seed", range(10))
+def test_sync_follows_rewritten_ends(seed: int) -> None:
+    rng = random.Random(seed)
+    config = SpeculativeConfig(draft_tokens=3, max_ngram=rng.randint(1, 3))
+    index, tokens = NgramIndex(config), []
+    for _ in range(60):
+        stable = rng.randint(0, len(tokens))
+        tokens = tokens[:stable] + [rng.randint(0, 4) for _ in range(rng.randint(0, 4))]
+        index.sync(tokens[stable:], start=stable)
+        assert index.tokens == tokens
+        assert index.propose(3) == brute_force(tokens, config, 3)
+
+
 def test_greedy_accepts_the_draft_while_it_agrees() -> None:
     assert accepted_prefix([5, 6, 7], [5, 6, 9, 1]) == 2
     assert accepted_prefix([5, 6, 7], [5, 6, 7, 1]) == 3

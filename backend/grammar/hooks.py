@@ -39,6 +39,9 @@ class GrammarHooks(Protocol):
       what it forces (jump-forward) or, near the token limit, a completion; returns what it
       changed, or None. It also sets `req.hold_from`, the first output token that may still
       be rewritten (not emitted until the request ends or that changes).
+    - `draft_masks(req, draft)`: for a speculative draft, how many of its tokens the grammar
+      allows (n) and the masks of the positions after `draft[:i]`, i in 0..n (int32
+      [n + 1, ceil(V/32)]); the matcher is left as it was.
     - `release(req)`: forget the request's matcher.
     - `warm_up()`: start the compile workers now, not at the first constrained request.
     - `close()`: stop the compile workers.
@@ -53,6 +56,8 @@ class GrammarHooks(Protocol):
     def accept(self, req: Req, token: int) -> None: ...
 
     def after_sample(self, req: Req) -> Rewrite | None: ...
+
+    def draft_masks(self, req: Req, draft: Sequence[int]) -> tuple[int, torch.Tensor]: ...
 
     def release(self, req: Req) -> None: ...
 

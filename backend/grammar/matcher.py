@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
 import xgrammar as xgr
 
 from plait.backend.grammar.closing import CloseState
@@ -62,6 +63,25 @@ class RequestGrammar:
             self.matcher.rollback(n)
             if self.cursor is not None:
                 self.cursor.rollback(n)
+
+    def fill_draft(self, draft: Sequence[int], mask: torch.Tensor) -> int:
+        """Fill mask row i with the tokens allowed after `draft[:i]`, up to the first draft
+        token the grammar rejects (or the end of the grammar); returns how many draft tokens
+        it allows (`mask` rows 0..that filled; all allowed after the end). The matcher ends
+        where it began."""
+        n = 0
+        try:
+            while True:
+                if self.is_terminated():
+                    mask[n] = -1
+                    break
+                self.matcher.fill_next_token_bitmask(mask, n)
+                if n == len(draft) or not self.accept(draft[n]):
+                    break
+                n += 1
+        finally:
+            self.rollback(n)
+        return n
 
     def forced_text(self) -> str:
         """The text every continuation starts with: the regex DFA's chain of single

@@ -203,6 +203,15 @@ class XGrammarBackend:
             return None
         return self.rewriter.after_sample(req)
 
+    def draft_masks(self, req: Req, draft: Sequence[int]) -> tuple[int, torch.Tensor]:
+        state: RequestGrammar = req.grammar
+        if state.gate is not None and state.gate.open:
+            # inside the reasoning: no mask, and no draft (the end marker could fall inside it)
+            return 0, torch.full((1, self.filler.words), -1, dtype=torch.int32)
+        mask = torch.empty((len(draft) + 1, self.filler.words), dtype=torch.int32)
+        n = state.fill_draft(draft, mask)
+        return n, mask[: n + 1]
+
     def release(self, req: Req) -> None:
         self.waiting.pop(req, None)
         req.grammar = None

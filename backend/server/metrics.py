@@ -120,6 +120,10 @@ def _stats_lines(stats: Stats) -> list[str]:
          stats.extra.get("cached_tokens", 0)),
         ("retracted_requests_total", "counter", "Requests retracted under KV pressure.",
          stats.extra.get("retracted", 0)),
+        ("spec_draft_tokens_total", "counter", "Speculative draft tokens verified.",
+         stats.extra.get("spec_draft_tokens", 0)),
+        ("spec_accepted_tokens_total", "counter", "Speculative draft tokens accepted.",
+         stats.extra.get("spec_accepted_tokens", 0)),
     ]  # fmt: skip
     lines = []
     for name, kind, help_text, value in rows:
