@@ -17,8 +17,15 @@ import torch
 
 from plait.backend.config import EngineConfig
 from plait.backend.parallel.comm import TPComm
-from plait.backend.parallel.launch import ENV_CONFIG, ENV_INIT, ENV_RANK, TensorParallel, rank_device
+from plait.backend.parallel.launch import (
+    ENV_CONFIG,
+    ENV_INIT,
+    ENV_RANK,
+    TensorParallel,
+    rank_device,
+)
 from plait.backend.parallel.wire import recv_batch
+from plait.backend.processes import set_process_name
 
 log = logging.getLogger("plait.parallel")
 
@@ -42,13 +49,16 @@ def main() -> int:
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     rank = int(os.environ[ENV_RANK])
+    set_process_name(f"plait-tp{rank}")
     logging.basicConfig(level=logging.INFO, format=f"[plait tp{rank}] %(levelname)s %(message)s")
     config = EngineConfig(**json.loads(os.environ[ENV_CONFIG]))
     torch.set_num_threads(config.num_threads)
     device = rank_device(config, rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    comm = TPComm.init(rank=rank, world=config.tp, init_method=f"tcp://{os.environ[ENV_INIT]}", device=device)
+    comm = TPComm.init(
+        rank=rank, world=config.tp, init_method=f"tcp://{os.environ[ENV_INIT]}", device=device
+    )
     try:
         runner = ModelRunner(config, parallel=TensorParallel(comm=comm, procs=[]))
         follow(runner)

@@ -79,7 +79,7 @@ class TensorParallel:
     def __init__(self, *, comm: TPComm, procs: list[subprocess.Popen[bytes]]) -> None:
         self.comm, self.procs = comm, procs
         self.failure: str | None = None
-        self.on_failure: Callable[[str], None] = exit_on_failure
+        self.on_failure: Callable[[str], None] = lambda message: None  # the runtime's to set
         self._lock = threading.Lock()
         self._closing = threading.Event()
         if procs:
@@ -91,9 +91,12 @@ class TensorParallel:
         init_addr = _init_addr(config)
         procs = [spawn_rank(config, r, init_addr) for r in node_ranks(config) if r != 0]
         try:
-            comm = TPComm.init(
-                rank=0, world=config.tp, init_method=f"tcp://{init_addr}",
-                device=rank_device(config, 0),
+            comm = _join_watching(
+                procs,
+                lambda: TPComm.init(
+                    rank=0, world=config.tp, init_method=f"tcp://{init_addr}",
+                    device=rank_device(config, 0),
+                ),
             )  # fmt: skip
         except BaseException:
             kill_all(procs)
@@ -137,6 +140,29 @@ class TensorParallel:
                 proc.wait(timeout=5)
         kill_all(self.procs)
         self.comm.close()
+
+
+def _join_watching(procs: list[subprocess.Popen[bytes]], join: Callable[[], TPComm]) -> TPComm:
+    """`join()` (the rendezvous, which waits for every rank) on a thread, given up with a
+    RuntimeError when one of `procs` exits first (the thread is left behind)."""
+    box: list[TPComm | BaseException] = []
+    thread = threading.Thread(target=lambda: box.append(_capture(join)), daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(WATCH_S)
+        dead = [p for p in procs if p.poll() is not None]
+        if dead and thread.is_alive():
+            raise RuntimeError(f"tensor-parallel rank process {dead[0].pid} exited while starting")
+    if isinstance(box[0], BaseException):
+        raise box[0]
+    return box[0]
+
+
+def _capture(fn: Callable[[], TPComm]) -> TPComm | BaseException:
+    try:
+        return fn()
+    except BaseException as exc:  # noqa: BLE001 - re-raised by the waiting thread
+        return exc
 
 
 def kill_all(procs: list[subprocess.Popen[bytes]]) -> None:

@@ -37,7 +37,8 @@ class VocabParallelEmbedding(nn.Module):
         super().__init__()
         self.inner, self.start, self.comm = inner, start, comm
         weight = getattr(inner, "weight", None)
-        self.rows = int(weight.shape[0]) if weight is not None else int(inner.qweight.n)
+        packed = getattr(inner, "qweight", None)
+        self.rows = int(weight.shape[0]) if isinstance(weight, torch.Tensor) else int(packed.n)  # type: ignore[union-attr]
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         local = ids - self.start
@@ -65,4 +66,6 @@ class VocabParallelHead(nn.Module):
             return local[:0]
         if all(size == self.pad for size in self.sizes):
             return full
-        return torch.cat([full[:, r * self.pad : r * self.pad + n] for r, n in enumerate(self.sizes)], 1)
+        return torch.cat(
+            [full[:, r * self.pad : r * self.pad + n] for r, n in enumerate(self.sizes)], 1
+        )

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from plait.backend.model import Attention, LlamaForCausalLM, MLP
+from plait.backend.model import MLP, Attention, DecoderLayer, LlamaForCausalLM
 from plait.backend.model_config import ModelConfig
 from plait.backend.parallel.comm import TPComm
 from plait.backend.parallel.layers import RowParallel, VocabParallelEmbedding, VocabParallelHead
@@ -26,7 +26,9 @@ from plait.kernels.quant_weight import QuantWeight
 Ranges = Sequence[tuple[int, int]]
 
 
-def slice_quant(w: QuantWeight, *, rows: Ranges | None = None, cols: tuple[int, int] | None = None) -> QuantWeight:
+def slice_quant(
+    w: QuantWeight, *, rows: Ranges | None = None, cols: tuple[int, int] | None = None
+) -> QuantWeight:
     """The rows `rows` (concatenated) and columns `cols` of a packed weight; `cols` must
     fall on group boundaries."""
     codes, scales, mins = w.unpack()
@@ -48,7 +50,9 @@ def slice_quant(w: QuantWeight, *, rows: Ranges | None = None, cols: tuple[int, 
     )
 
 
-def slice_dense(w: torch.Tensor, *, rows: Ranges | None = None, cols: tuple[int, int] | None = None) -> torch.Tensor:
+def slice_dense(
+    w: torch.Tensor, *, rows: Ranges | None = None, cols: tuple[int, int] | None = None
+) -> torch.Tensor:
     """The rows `rows` (concatenated) and columns `cols` of a float [out, in] weight."""
     if cols is not None:
         w = w[:, cols[0] : cols[1]]
@@ -61,7 +65,13 @@ def _rows(t: torch.Tensor, ranges: Ranges) -> torch.Tensor:
     return torch.cat([t[a:b] for a, b in ranges])
 
 
-def slice_linear(layer: nn.Module, *, rows: Ranges | None = None, cols: tuple[int, int] | None = None, bias: bool = True) -> nn.Module:
+def slice_linear(
+    layer: nn.Module,
+    *,
+    rows: Ranges | None = None,
+    cols: tuple[int, int] | None = None,
+    bias: bool = True,
+) -> nn.Module:
     """A new linear layer (float or quantized) holding the given slice of `layer`; `bias`
     False drops the bias (a row-parallel layer adds it on rank 0 only)."""
     old_bias = getattr(layer, "bias", None)
@@ -69,10 +79,18 @@ def slice_linear(layer: nn.Module, *, rows: Ranges | None = None, cols: tuple[in
     if old_bias is not None and bias:
         new_bias = old_bias.detach() if rows is None else _rows(old_bias.detach(), rows).clone()
     if isinstance(layer, QuantLinear):
-        out: nn.Module = QuantLinear(slice_quant(layer.qweight, rows=rows, cols=cols), bias=new_bias is not None)
+        out: nn.Module = QuantLinear(
+            slice_quant(layer.qweight, rows=rows, cols=cols), bias=new_bias is not None
+        )
     elif isinstance(layer, nn.Linear):
         weight = slice_dense(layer.weight.detach(), rows=rows, cols=cols)
-        out = nn.Linear(weight.shape[1], weight.shape[0], bias=new_bias is not None, device=weight.device, dtype=weight.dtype)
+        out = nn.Linear(
+            weight.shape[1],
+            weight.shape[0],
+            bias=new_bias is not None,
+            device=weight.device,
+            dtype=weight.dtype,
+        )
         out.weight = nn.Parameter(weight, requires_grad=False)
     else:
         raise TypeError(f"cannot shard a {type(layer).__name__}")
@@ -118,12 +136,18 @@ def _shard_vocab(model: LlamaForCausalLM, *, plan: ShardPlan, comm: TPComm) -> N
     )
     new_head = slice_linear(head, rows=rows)
     if isinstance(embed, QuantEmbedding):
-        packed = new_head.qweight if tied and isinstance(new_head, QuantLinear) else slice_quant(embed.qweight, rows=rows)
+        packed = (
+            new_head.qweight
+            if tied and isinstance(new_head, QuantLinear)
+            else slice_quant(embed.qweight, rows=rows)
+        )
         table: nn.Module = QuantEmbedding(packed, dtype=embed.dtype)
     elif isinstance(embed, nn.Embedding):
-        weight = new_head.weight if tied else nn.Parameter(slice_dense(embed.weight.detach(), rows=rows), requires_grad=False)
-        table = nn.Embedding(weight.shape[0], weight.shape[1], device=weight.device, dtype=weight.dtype)
-        table.weight = weight
+        own = slice_dense(embed.weight.detach(), rows=rows)
+        weight = new_head.weight if tied and isinstance(new_head, nn.Linear) else own
+        rows_, width = weight.shape
+        table = nn.Embedding(rows_, width, device=weight.device, dtype=weight.dtype)
+        table.weight = weight if isinstance(weight, nn.Parameter) else nn.Parameter(weight, False)
     else:
         raise TypeError(f"cannot shard a {type(embed).__name__}")
     model.embed_tokens = VocabParallelEmbedding(table, start=plan.vocab[0], comm=comm)
@@ -135,6 +159,7 @@ def inter_align(model: LlamaForCausalLM) -> int:
     down projections (16 for float ones)."""
     groups = [16]
     for layer in model.layers:
+        assert isinstance(layer, DecoderLayer)
         down = layer.mlp.down_proj
         if isinstance(down, QuantLinear):
             groups.append(down.qweight.group)
