@@ -20,8 +20,7 @@ from typing import Any
 from benchmarks.common import markdown_table, median, write_results
 
 MODEL = "smollm2-135m"
-TOPICS = ["the sea", "a city", "mountains", "winter", "a robot", "coffee", "trains", "music",
-          "the moon", "a forest", "rain", "a library", "bees", "the desert", "a bridge", "fire"]  # fmt: skip
+TOPICS = "the sea,a city,mountains,winter,a robot,coffee,trains,music,the moon,a forest".split(",")
 
 
 def prompts(batch: int) -> list[str]:
