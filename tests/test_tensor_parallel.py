@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import threading
 import time
 from typing import Any
 
 import httpx
 import pytest
-from server_helpers import alive, descendants_of, process_name, server_args, wait_until
+from server_helpers import MODEL, alive, descendants_of, process_name, server_args, wait_until
 
 from plait.backend.engine import Engine, GenerationError
-from plait.runtime import Runtime
+from plait.runtime import Runtime, free_port, serve_command
 
 PROMPTS = ["The capital of France is", "Write a poem about the sea:", "1, 2, 3,", "def f(x):"]
 GREEDY = {"max_new_tokens": 32, "temperature": 0.0, "ignore_eos": True}
@@ -88,3 +89,18 @@ def test_plait_serve_tp2_answers_then_exits_nonzero_when_a_rank_dies() -> None:
         assert wait_until(lambda: not any(alive(pid) for pid in family), 10)
     finally:
         rt.close()
+
+
+def test_two_nodes_on_one_host_serve_and_stop_together() -> None:
+    """`--nnodes 2`: node 1 (`--node-rank 1`, no HTTP) joins node 0's rendezvous."""
+    multi = server_args(tp=2, nnodes=2, dist_init_addr=f"127.0.0.1:{free_port()}")
+    node1 = subprocess.Popen(serve_command(MODEL, node_rank=1, **multi), stdin=subprocess.DEVNULL)
+    try:
+        with Runtime(**multi) as rt:
+            body = {"text": "Hi", "sampling_params": {"max_new_tokens": 4, "ignore_eos": True}}
+            reply = httpx.post(rt.url + "/generate", json=body, timeout=60)
+            assert reply.status_code == 200 and len(reply.json()["output_ids"]) == 4
+        assert node1.wait(timeout=30) == 0
+    finally:
+        if node1.poll() is None:
+            node1.kill()
