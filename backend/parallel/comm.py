@@ -7,7 +7,6 @@ is torch.distributed's: gloo on the CPU, NCCL on CUDA.
 
 from __future__ import annotations
 
-import ctypes
 import datetime
 import logging
 from collections.abc import Callable
@@ -85,6 +84,3 @@ class TPComm:
                 dist.destroy_process_group()
             except Exception:  # noqa: BLE001 - shutting down anyway
                 log.debug("destroy_process_group failed", exc_info=True)
-
-
-REDUCE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)

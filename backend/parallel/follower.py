@@ -12,6 +12,7 @@ import logging
 import os
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -27,14 +28,15 @@ from plait.backend.parallel.launch import (
 from plait.backend.parallel.wire import recv_batch
 from plait.backend.processes import set_process_name
 
+if TYPE_CHECKING:
+    from plait.backend.model_runner import ModelRunner
+
 log = logging.getLogger("plait.parallel")
 
 
-def follow(runner: object) -> None:
+def follow(runner: ModelRunner) -> None:
     """Run rank 0's batches through this rank's model until told to stop."""
-    from plait.backend.model_runner import ModelRunner
-
-    assert isinstance(runner, ModelRunner) and runner.parallel is not None
+    assert runner.parallel is not None
     comm = runner.parallel.comm
     with torch.inference_mode():
         while (batch := recv_batch(comm)) is not None:
