@@ -57,6 +57,9 @@ class EngineConfig:
     requests, at most this many draft tokens per step (0: off; up to 7 keeps a verify step
     on the fused decode path); drafts match the last `speculative_ngram` .. 1 tokens
     (docs/performance.md, "Speculative decoding").
+    `tp`: tensor parallelism, ranks that each hold a slice of every layer (docs/scale.md);
+    `nnodes`, `node_rank`, `dist_init_addr` ("host:port" of rank 0's TCP rendezvous, needed
+    across machines) spread them over machines, `tp // nnodes` ranks on each.
     """
 
     model: str = "plait-tiny"
@@ -89,8 +92,13 @@ class EngineConfig:
     reasoning_parser: str | None = None
     speculative_draft_tokens: int = 0
     speculative_ngram: int = 3
+    tp: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: str | None = None
 
     def __post_init__(self) -> None:
+        self._check_parallel()
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {QUANTIZATIONS}")
         if self.schedule_policy not in SCHEDULE_POLICIES:
@@ -113,6 +121,14 @@ class EngineConfig:
             raise ValueError("speculative_ngram must be >= 1")
         if self.num_threads == 0:
             object.__setattr__(self, "num_threads", default_threads())
+
+    def _check_parallel(self) -> None:
+        if self.tp < 1 or self.nnodes < 1 or self.tp % self.nnodes:
+            raise ValueError("tp must be >= 1 and a multiple of nnodes (>= 1)")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError("node_rank must lie in [0, nnodes)")
+        if self.nnodes > 1 and not self.dist_init_addr:
+            raise ValueError("dist_init_addr (host:port of node 0) is needed when nnodes > 1")
 
     @property
     def prefill_budget(self) -> int:

@@ -10,15 +10,19 @@ modules of the model. `EngineConfig.fused_decode=False` turns it off.
 
 from __future__ import annotations
 
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import torch
+from torch import nn
 
 from plait.backend.forward_batch import ForwardBatch
 from plait.backend.kv_pool import TokenToKVPool
 from plait.backend.model import DecoderLayer, LlamaForCausalLM
 from plait.backend.quantized import QuantLinear
 from plait.kernels._step_native import DecodeStep, StepLayer, step_available
+
+if TYPE_CHECKING:
+    from plait.backend.parallel.comm import TPComm
 
 
 class FusedDecode:
@@ -29,8 +33,12 @@ class FusedDecode:
         self.pool = pool
 
     @classmethod
-    def build(cls, model: LlamaForCausalLM, pool: TokenToKVPool) -> FusedDecode | str:
-        """The fused step for `model` over `pool`, or why it cannot run (a sentence)."""
+    def build(
+        cls, model: LlamaForCausalLM, pool: TokenToKVPool, *, comm: TPComm | None = None
+    ) -> FusedDecode | str:
+        """The fused step for `model` over `pool`, or why it cannot run (a sentence). With
+        `comm` (tensor parallelism) the model is one rank's slice and the step all-reduces
+        each layer's attention and MLP outputs through it."""
         reason = _unsupported(model, pool)
         if reason:
             return reason
@@ -59,6 +67,7 @@ class FusedDecode:
             eps=cfg.rms_norm_eps,
             scale=cfg.head_dim**-0.5,
             window=cfg.sliding_window,
+            reduce=None if comm is None else comm.reduce_callback(lambda: step.reduce_buffer()),
         )
         return cls(step, pool)
 
@@ -93,7 +102,13 @@ def _linears(layer: DecoderLayer) -> list[QuantLinear]:
     """The layer's qkv, o, gate_up and down projections (quantized: checked before)."""
     attn, mlp = layer.self_attn, layer.mlp
     mods = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
-    return [cast(QuantLinear, m) for m in mods]
+    return [cast(QuantLinear, _unwrap(m)) for m in mods]
+
+
+def _unwrap(module: nn.Module) -> nn.Module:
+    """The projection inside a tensor-parallel wrapper (`RowParallel.inner`), else itself."""
+    inner = getattr(module, "inner", None)
+    return inner if isinstance(inner, nn.Module) else module
 
 
 def _unsupported(model: LlamaForCausalLM, pool: TokenToKVPool) -> str | None:
@@ -107,6 +122,6 @@ def _unsupported(model: LlamaForCausalLM, pool: TokenToKVPool) -> str | None:
     for layer in _layers(model):
         attn, mlp = layer.self_attn, layer.mlp
         mods = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
-        if not all(isinstance(m, QuantLinear) for m in mods):
+        if not all(isinstance(_unwrap(m), QuantLinear) for m in mods):
             return "every linear layer of the decoder must be quantized"
     return None

@@ -56,7 +56,9 @@ class Engine:
                 config=self.config, deliver=self._deliver, on_failure=self._runtime_failed
             )
         else:
-            self.runtime = InProcessRuntime(config=self.config, deliver=self._deliver)
+            self.runtime = InProcessRuntime(
+                config=self.config, deliver=self._deliver, on_failure=self._runtime_failed
+            )
         self.tokenizer = self.runtime.tokenizer
         self.info: ModelInfo = self.runtime.info
         self._tm = TokenizerManager(tokenizer=self.tokenizer, send=self.runtime.send)

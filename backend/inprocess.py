@@ -22,18 +22,39 @@ class InProcessRuntime:
     """The engine's runtime when everything lives in one process: messages travel through a
     `queue.Queue`, results go to `deliver` from the scheduler thread."""
 
-    def __init__(self, *, config: EngineConfig, deliver: Callable[[object], None]) -> None:
+    def __init__(
+        self,
+        *,
+        config: EngineConfig,
+        deliver: Callable[[object], None],
+        on_failure: Callable[[str], None] | None = None,
+    ) -> None:
         torch.set_num_threads(config.num_threads)
         self.scheduler, self.tokenizer = build_scheduler(config)
         self.runner = self.scheduler.runner
         self.info = describe(self.scheduler)
-        self.failure: str | None = None  # a thread in this process cannot die on its own
+        # the thread cannot die on its own; a lost tensor-parallel rank ends the runtime
+        self.failure: str | None = None
+        self._on_failure = on_failure
+        parallel = self.runner.parallel
+        if parallel is not None:
+            parallel.on_failure = self._rank_lost
         self.detokenizer = Detokenizer(decode=make_decoder(self.tokenizer))
         self._deliver = deliver
         self._inbox: queue.Queue[object] = queue.Queue()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="plait-scheduler", daemon=True)
         self._thread.start()
+        if parallel is not None and parallel.failure is not None:
+            self._rank_lost(parallel.failure)
+
+    def _rank_lost(self, message: str) -> None:
+        """A tensor-parallel rank is gone: stop serving and report it (like a dead child of
+        the multi-process runtime)."""
+        self.failure = message
+        self._stop.set()
+        if self._on_failure is not None:
+            self._on_failure(message)
 
     def send(self, msg: object) -> None:
         self._inbox.put(msg)

@@ -49,8 +49,8 @@ class Attention(nn.Module):
         super().__init__()
         self.cfg, self.layer = cfg, layer
         qkv = cfg.q_size + 2 * cfg.kv_size
-        self.qkv_proj = nn.Linear(cfg.hidden_size, qkv, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(cfg.q_size, cfg.hidden_size, bias=False)
+        self.qkv_proj: nn.Module = nn.Linear(cfg.hidden_size, qkv, bias=cfg.qkv_bias)
+        self.o_proj: nn.Module = nn.Linear(cfg.q_size, cfg.hidden_size, bias=False)
         self.scale = cfg.head_dim**-0.5
 
     def forward(
@@ -109,8 +109,9 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        gate_up = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.gate_up_proj: nn.Module = gate_up
+        self.down_proj: nn.Module = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)

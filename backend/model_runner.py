@@ -14,6 +14,10 @@ from plait.backend.forward_batch import ForwardBatch
 from plait.backend.kv_manager import KVManager
 from plait.backend.kv_pool import ReqToTokenPool, TokenToKVPool
 from plait.backend.loader import load_model
+from plait.backend.parallel.launch import TensorParallel, rank_device
+from plait.backend.parallel.plan import plan_shards
+from plait.backend.parallel.shard import inter_align, shard_model
+from plait.backend.parallel.wire import send_batch, send_stop
 from plait.backend.radix_cache import RadixCache
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -35,11 +39,20 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 class ModelRunner:
-    """Loads weights from a local directory and runs `forward(ForwardBatch) -> logits`."""
+    """Loads weights from a local directory and runs `forward(ForwardBatch) -> logits`.
 
-    def __init__(self, config: EngineConfig) -> None:
+    With `config.tp > 1` this is one rank's slice of the model (`parallel`: rank 0 starts
+    the other ranks of its machine when none is given) and rank 0's `forward` broadcasts
+    each batch to the others (docs/scale.md)."""
+
+    def __init__(self, config: EngineConfig, *, parallel: TensorParallel | None = None) -> None:
         self.config = config
+        if parallel is None and config.tp > 1:
+            parallel = TensorParallel.start(config)
+        self.parallel = parallel
         self.device = pick_device(config.device)
+        if parallel is not None:
+            self.device = rank_device(config, parallel.rank)
         self.dtype = pick_dtype(config.dtype, self.device)
         self.model_path: Path = resolve_model_path(config.model)
         self.model = load_model(
@@ -48,6 +61,12 @@ class ModelRunner:
             device=self.device,
             quantization=config.quantization,
         )
+        full_cfg = self.model.cfg
+        if parallel is not None:
+            plan = plan_shards(
+                full_cfg, rank=parallel.rank, world=config.tp, inter_align=inter_align(self.model)
+            )
+            shard_model(self.model, plan=plan, comm=parallel.comm)
         cfg = self.model.cfg
         self.model_config = cfg
         self.vocab_size = cfg.vocab_size
@@ -56,7 +75,7 @@ class ModelRunner:
         )
         self.eos_ids = frozenset(cfg.eos_token_ids)
         self.kv_pool = TokenToKVPool(
-            num_tokens=self._kv_tokens(),
+            num_tokens=self._agreed_kv_tokens(),
             page_size=config.page_size,
             num_layers=cfg.num_layers,
             num_kv_heads=cfg.num_kv_heads,
@@ -76,7 +95,9 @@ class ModelRunner:
         allows it; returns "on" or why it is off."""
         if not self.config.fused_decode:
             return "off (fused_decode=False)"
-        built = FusedDecode.build(self.model, self.kv_pool)
+        built = FusedDecode.build(
+            self.model, self.kv_pool, comm=None if self.parallel is None else self.parallel.comm
+        )
         if isinstance(built, str):
             return f"off ({built})"
         self.model.fused_decode = built
@@ -89,9 +110,40 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """float32 logits [len(batch.logit_indices), vocab] on the device."""
+        if self.parallel is not None:
+            return self._parallel_forward(batch)
         if self.device.type != "cpu":
             batch = batch.to(self.device)
         return self.model(batch, self.kv_pool)
+
+    def _parallel_forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """Rank 0 under `--tp`: every rank runs the batch; any error leaves the ranks out
+        of step, so it is fatal (`TensorParallel.fail`)."""
+        parallel = self.parallel
+        assert parallel is not None
+        if parallel.failure is not None:
+            raise RuntimeError(f"tensor parallelism failed: {parallel.failure}")
+        try:
+            batch = send_batch(parallel.comm, batch)
+            if self.device.type != "cpu":
+                batch = batch.to(self.device)
+            return self.model(batch, self.kv_pool)
+        except Exception as exc:
+            parallel.fail(f"a forward failed on rank 0: {exc!r}")
+            raise
+
+    def close(self) -> None:
+        """Stop the other tensor-parallel ranks (rank 0; nothing without `--tp`)."""
+        if self.parallel is not None and self.parallel.rank == 0:
+            comm = self.parallel.comm
+            self.parallel.close(lambda: send_stop(comm))
+
+    def _agreed_kv_tokens(self) -> int:
+        """The KV pool's size: rank 0's, on every rank (slots are rank 0's to hand out)."""
+        if self.parallel is None:
+            return self._kv_tokens()
+        mine = self._kv_tokens() if self.parallel.rank == 0 else 0
+        return int(self.parallel.comm.broadcast_object(mine))  # type: ignore[call-overload]
 
     def _kv_tokens(self) -> int:
         cfg, conf = self.model.cfg, self.config

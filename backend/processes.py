@@ -44,6 +44,7 @@ from plait.backend.messages import (
     decode,
     encode,
 )
+from plait.backend.parallel.launch import exit_on_failure
 from plait.backend.scheduler_loop import build_scheduler, describe, run_loop
 from plait.backend.tokenizer_utils import make_decoder
 
@@ -179,6 +180,11 @@ def scheduler_process(spec: ChildSpec, *, addrs: IpcAddresses, parent_pid: int) 
         scheduler, _ = build_scheduler(config)
     except Exception:  # noqa: BLE001 - reported to the main process, which exits
         _fail(ctx, outbox, name="scheduler")
+    parallel = scheduler.runner.parallel
+    if parallel is not None:  # a lost tensor-parallel rank ends this process (exit 1)
+        parallel.on_failure = exit_on_failure
+        if parallel.failure is not None:
+            exit_on_failure(parallel.failure)
     if scheduler.grammar is not None:
         scheduler.grammar.warm_up()  # compile workers start while the server does
     outbox.send(encode(ProcessReady("scheduler", describe(scheduler))))

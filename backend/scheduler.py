@@ -174,9 +174,11 @@ class Scheduler:
         return out
 
     def close(self) -> None:
-        """Stop what runs beside the scheduler (the grammar's compile workers)."""
+        """Stop what runs beside the scheduler (the grammar's compile workers, the other
+        tensor-parallel ranks)."""
         if self.grammar is not None:
             self.grammar.close()
+        self.runner.close()
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.compiling)

@@ -1,5 +1,6 @@
 """The `plait` command line: `plait serve --model plait-tiny --port 30000 ...`,
-`plait serve --dp 2 ...` (two workers behind a router), `plait router --worker URL ...`."""
+`plait serve --dp 2 ...` (two workers behind a router), `plait serve --tp 2 ...` (tensor
+parallelism; `--node-rank K` on the other machines), `plait router --worker URL ...`."""
 
 from __future__ import annotations
 
@@ -47,6 +48,11 @@ def main(argv: list[str] | None = None) -> int:
         from plait.backend.server.launch import args_from_namespace
 
         exit_now(serve_dp(args_from_namespace(ns), ns.dp, **policy_options(ns)))
+    if ns.command == "serve" and ns.node_rank > 0:  # another machine's tensor-parallel ranks
+        from plait.backend.parallel.launch import run_node
+        from plait.backend.server.launch import args_from_namespace
+
+        exit_now(run_node(args_from_namespace(ns).engine))
     if ns.command == "serve":
         from plait.backend.server.launch import args_from_namespace, serve
 

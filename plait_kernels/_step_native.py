@@ -11,7 +11,7 @@ indices are checked in C before anything is read or written.
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +31,7 @@ _ERRORS = {
     -2: "req_to_token holds a KV slot outside the pool (size {slots})",
     -3: "the quantized matmul rejected a weight",
     -15: "logit_indices must lie in [0, {tokens})",
+    -20: "the all-reduce between ranks failed",
 }
 
 
@@ -45,6 +46,11 @@ class _Model(ctypes.Structure):
     _fields_ += [(n, _i64) for n in ("inter", "num_slots", "max_pos", "window", "isa")]
     _fields_ += [("eps", _f32), ("scale", _f32)]
     _fields_ += [(n, _ptr) for n in ("cos_sin", "final_norm", "layers", "qmm", "attend", "pool")]
+    _fields_ += [("reduce", _ptr), ("reduce_ctx", _ptr)]
+
+
+# Tensor parallelism: the all-reduce the step calls on each row-parallel output (ctx, buf, n).
+REDUCE_FN = ctypes.CFUNCTYPE(ctypes.c_int, _ptr, _ptr, _i64)
 
 
 class _Batch(ctypes.Structure):
@@ -120,7 +126,11 @@ class DecodeStep:
         eps: float,
         scale: float,
         window: int | None = None,
+        reduce: Callable[[int], int] | None = None,
     ) -> None:
+        """`reduce(n)` (tensor parallelism): sum the first n floats of `reduce_buffer()` over
+        the ranks in place, returning 0 or a negative code; called after each layer's
+        attention and MLP output projections."""
         lib = _library()
         if lib is None:
             raise RuntimeError("decode step: the C kernels cannot be built here")
@@ -143,6 +153,9 @@ class DecodeStep:
             ctypes.addressof(self._structs), _address("quant_matmul_cpu", "plait_qmm_f32"),
             _address("decode_attention_cpu", "plait_decode_f32"), pool_function() or 0,
         )  # fmt: skip
+        if reduce is not None:
+            self._reduce = REDUCE_FN(lambda _ctx, _buf, n: reduce(n))
+            self.model.reduce = ctypes.cast(self._reduce, ctypes.c_void_p).value
         self._capacity = 0
         self._batch = _Batch()
         # The portable C matmul (no AVX2) loses to dequantize + GEMM from this many tokens on.
@@ -190,8 +203,12 @@ class DecodeStep:
             views[name] = floats[at : at + cap * width].view(cap, width)
             setattr(self._batch, name, views[name].data_ptr())
             at += cap * width
-        self._x = views["x"]
+        self._x, self._y = views["x"], views["y"]
         self._batch.start, self._batch.work = ints.data_ptr(), ints[cap:].data_ptr()
+
+    def reduce_buffer(self) -> torch.Tensor:
+        """The scratch the row-parallel outputs are written to (what `reduce` sums)."""
+        return self._y
 
     def run(
         self,
@@ -237,6 +254,8 @@ class DecodeStep:
         )
         if status == -1:
             raise MemoryError("decode step: cannot allocate scratch memory")
+        if status == -20:
+            raise RuntimeError("decode step: " + _ERRORS[status])
         if status:
             sizes = {"max_pos": self.model.max_pos, "slots": self.dims[5]}
             sizes |= {"rows": table.shape[0], "width": table.shape[1], "tokens": t}

@@ -16,7 +16,9 @@
  * a token is computed the same way whatever the batch and the thread count (a greedy token
  * does not depend on what else runs). Indices are checked before anything is read or
  * written: positions against the table, slots against the pool, rows and lengths against
- * req_to_token, and every KV slot a query will read. */
+ * req_to_token, and every KV slot a query will read. Under tensor parallelism each rank holds
+ * some heads and intermediate columns, and `reduce` (the caller's all-reduce) sums the
+ * attention and MLP outputs over the ranks before they join the residual. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -30,6 +32,10 @@ typedef struct {
     float *k_pool, *v_pool;                                     /* [num_slots, kv_heads, head_dim] */
 } step_layer_t;
 
+/* Tensor parallelism: sums the n floats at buf over the ranks, in place (the caller's
+ * torch.distributed all-reduce); returns 0 or a negative code. */
+typedef int (*plait_reduce_fn)(void *ctx, float *buf, int64_t n);
+
 typedef struct {
     int64_t num_layers, hidden, heads, kv_heads, head_dim, inter;
     int64_t num_slots, max_pos, window, isa; /* window 0: attend to every position */
@@ -40,6 +46,8 @@ typedef struct {
     plait_qmm_fn qmm;
     plait_decode_f32_fn attend;
     plait_pool_fn pool; /* NULL: this thread only */
+    plait_reduce_fn reduce; /* NULL: one rank; else called on each row-parallel output */
+    void *reduce_ctx;
 } step_model_t;
 
 typedef struct {
@@ -256,12 +264,14 @@ static int layer(const step_model_t *m, const step_batch_t *b, const step_layer_
         s = run_phase(&ph, threads, b->work[t] * hkv * d, MIN_ATTN_WORK);
     }
     if (!s) s = matmul(m, threads, b->attn, t, l->o, l->o_bias, b->y);
+    if (!s && m->reduce != NULL) s = m->reduce(m->reduce_ctx, b->y, t * hd);
     ph.add = b->y;
     ph.norm = l->post_norm;
     if (!s) s = small_op(&ph, threads, ADD_NORM, hd);
     if (!s) s = matmul(m, threads, b->x, t, l->gate_up, l->gate_up_bias, b->gu);
     if (!s) s = small_op(&ph, threads, SILU_MUL, 3 * m->inter);
     if (!s) s = matmul(m, threads, b->act, t, l->down, l->down_bias, b->y);
+    if (!s && m->reduce != NULL) s = m->reduce(m->reduce_ctx, b->y, t * hd);
     return s;
 }
 
