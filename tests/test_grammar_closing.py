@@ -27,10 +27,10 @@ from plait.backend.grammar.closing import (
     Fallback,
     has_duplicate_keys,
 )
-from plait.backend.grammar.compiler import COMPACT_SEPARATORS
 from plait.backend.grammar.completion import Completer, parser_items
 from plait.backend.grammar.json_lexer import JsonLex
 from plait.backend.grammar.jump_forward import Jump, Retokenizer
+from plait.backend.grammar.layout import COMPACT_SEPARATORS
 from plait.backend.grammar.schema.rewrite import search_pattern
 from plait.backend.grammar.xgrammar_backend import make_encoder, tokenizer_info
 from plait.backend.loader import load_tokenizer

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import functools
 import json
 import os
 import re
@@ -34,6 +35,7 @@ from pydantic import BaseModel
 from helpers import tiny_engine
 from plait.backend.engine import Engine, GenerationError
 from plait.backend.grammar.compiler import GrammarError
+from plait.backend.grammar.layout import DEFAULT_LAYOUT
 
 SCHEMA_TOKENS = 192
 FULL_TOKENS = 1024
@@ -98,14 +100,13 @@ def verdict(case: SchemaCase, out: dict[str, Any], *, checker: StringChecker) ->
 
 
 def is_prefix(case: SchemaCase, text: str, *, checker: StringChecker) -> bool:
-    """The engine's grammar (compact, strict mode unless the schema needs it off) accepts
-    `text` as the beginning of an instance."""
+    """The engine's grammar (default layout, strict mode unless the schema needs it off)
+    accepts `text` as the beginning of an instance."""
+    key = functools.partial(schema_key, case.schema, any_whitespace=False, layout=DEFAULT_LAYOUT)
     try:
-        compiled, _ = checker.compile(
-            schema_key(case.schema, any_whitespace=False, strict_mode=True)
-        )
+        compiled, _ = checker.compile(key(strict_mode=True))
     except GrammarError:
-        compiled, _ = checker.compile(schema_key(case.schema, any_whitespace=False))
+        compiled, _ = checker.compile(key())
     import xgrammar as xgr
 
     return bool(xgr.GrammarMatcher(compiled, terminate_without_stop_token=True).accept_string(text))
