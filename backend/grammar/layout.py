@@ -34,7 +34,7 @@ _GAPS = {
 }
 # The count xgrammar is given, so that its whitespace repetitions can be found in its EBNF.
 _XGR_WHITESPACE_CNT = 16
-_WHITESPACE_REPEAT = re.compile(r"\bwhitespace(?:_\d+)?\{0, %d\}" % _XGR_WHITESPACE_CNT)
+_WHITESPACE_REPEAT = re.compile(rf"\bwhitespace(?:_\d+)?\{{0, {_XGR_WHITESPACE_CNT}\}}")
 
 
 def resolve_layout(*, layout: str | None, any_whitespace: bool) -> str:
