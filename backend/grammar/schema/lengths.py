@@ -86,7 +86,7 @@ def match_lengths(fsm: FSM) -> tuple[int | None, int | None]:
 
 def _live_states(fsm: FSM) -> set[int]:
     """States from which a final state can be reached."""
-    live = set(fsm.finals)
+    live: set[int] = set(fsm.finals)
     changed = True
     while changed:
         changed = False
@@ -100,21 +100,23 @@ def _live_states(fsm: FSM) -> set[int]:
 def _shortest(fsm: FSM, live: set[int]) -> int:
     frontier, seen, steps = {fsm.initial}, {fsm.initial}, 0
     while not frontier & set(fsm.finals):
-        frontier = {t for s in frontier for t in fsm.map.get(s, {}).values() if t in live} - seen
+        frontier = {
+            t for s in frontier for t in (fsm.map.get(s) or {}).values() if t in live
+        } - seen
         seen |= frontier
         steps += 1
     return steps
 
 
 def _longest(
-    fsm: FSM, state: int, live: set[int], memo: dict[int, int | None], path: set[int]
+    fsm: FSM, state: Any, live: set[int], memo: dict[int, int | None], path: set[int]
 ) -> int | None:
     if state in path:
         return None  # a cycle on the way to a final state: unbounded
     if state not in memo:
         path.add(state)
         best: int | None = 0 if state in fsm.finals else -1
-        for target in fsm.map.get(state, {}).values():
+        for target in (fsm.map.get(state) or {}).values():
             if target in live and best is not None:
                 sub = _longest(fsm, target, live, memo, path)
                 best = None if sub is None else max(best, sub + 1)
@@ -132,7 +134,7 @@ class _Product:
         self.explicit = {c for c in fsm.alphabet if c is not anything_else}
         self.memo: dict[tuple[int, int], str | None] = {}
 
-    def expression(self, state: int, length: int) -> str | None:
+    def expression(self, state: Any, length: int) -> str | None:
         """The expression of what may follow from `state` after `length` characters, or
         None when nothing can."""
         key = (state, length)
@@ -140,7 +142,7 @@ class _Product:
             self.memo[key] = self._build(state, length)
         return self.memo[key]
 
-    def _build(self, state: int, length: int) -> str | None:
+    def _build(self, state: Any, length: int) -> str | None:
         ends = state in self.fsm.finals and length >= self.lo
         parts = []
         for target, chars in self._moves(state).items():
@@ -154,10 +156,10 @@ class _Product:
         body = parts[0] if len(parts) == 1 else "(?:" + "|".join(parts) + ")"
         return f"(?:{body})?" if ends else body
 
-    def _moves(self, state: int) -> dict[int, list[Any]]:
+    def _moves(self, state: Any) -> dict[int, list[Any]]:
         """Target -> the characters (or anything_else) leading there."""
         by_target: dict[int, list[Any]] = {}
-        moves = self.fsm.map.get(state, {})
+        moves = self.fsm.map.get(state) or {}
         for char, index in self.fsm.alphabet.items():
             target = moves.get(index)
             if target is not None and target in self.live:
