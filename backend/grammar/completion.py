@@ -87,7 +87,7 @@ class _Node:
     allowed: tuple[tuple[int, bytes], ...] = ()
     items: frozenset[Item] = frozenset()
     run: int = 1
-    tail: bytes = b""  # the root's: the last byte of the text before the search
+    tail: bytes = b""  # the root's: the last bytes of the text before the search
 
     @property
     def estimate(self) -> int:
@@ -95,10 +95,15 @@ class _Node:
         return self.lex.open_count() if self.lex is not None else 0
 
     @property
-    def at_string_start(self) -> bool:
-        """The last byte written opened a string (nothing of its content is written yet)."""
-        written = self.text or self.tail
-        return written.endswith(b'"') and self.lex is not None and self.lex.in_string
+    def at_value_start(self) -> bool:
+        """The last byte written opened a string that is a value, not an object's key
+        (nothing of its content is written yet)."""
+        written = (self.tail + self.text)[-16:]
+        if not written.endswith(b'"') or self.lex is None or not self.lex.in_string:
+            return False
+        before = written[:-1].rstrip()[-1:]
+        in_object = bool(self.lex.stack) and self.lex.stack[-1][0] == ord("{")
+        return not (in_object and before in (b"{", b","))
 
     def child(self, data: bytes) -> _Node:
         lex = self.lex.feed(data) if self.lex is not None else None
@@ -155,7 +160,7 @@ class Completer:
         if matcher.is_completed():
             return b""
         try:
-            root = _Node(b"", JsonLex.scan(text) if is_json else None, tail=text[-1:])
+            root = _Node(b"", JsonLex.scan(text) if is_json else None, tail=text[-16:])
             root.allowed = self._allowed(matcher)
             first = _Budget(int(self.max_trials * BEST_FIRST), self.max_seconds * BEST_FIRST)
             found = self._best_first(matcher, root, base=len(text), budget=first)
@@ -197,7 +202,7 @@ class Completer:
         """At the start of a JSON string, children that write a whole format sample (a real
         date, time, UUID, ...) and close the string, ranked as if they wrote only the closing
         quote: byte-by-byte values satisfy a format's grammar, not always the format."""
-        if node.lex is None or not node.lex.in_string or not node.at_string_start:
+        if not node.at_value_start:
             return None
         firsts = {data for _, data in node.allowed}
         for sample in FORMAT_SAMPLES:
