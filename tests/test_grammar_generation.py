@@ -223,7 +223,9 @@ def test_length_inside_an_unfinished_structure_is_reported_as_length(engine: Eng
         "properties": {"a": {"type": "string"}, "b": {"type": "string"}},
         "required": ["a", "b"],
     }
-    params = sampled(4, max_new_tokens=5, json_schema=schema, close_on_length=False)
+    params = sampled(
+        4, max_new_tokens=5, json_schema=schema, close_on_length=False, json_layout="compact"
+    )
     outs = engine.generate(["Cut:"] * 4, params)
     for out in outs:
         assert out["finish_reason"] == {"type": "length"}
@@ -243,14 +245,24 @@ FIXED = {
     "required": ["first_name", "last_name", "born"],
 }
 FIXED_TEXT = '{"first_name":"Ada","last_name":"Lovelace","born":1815}'
+COMPACT_JSON = {"json_layout": "compact"}  # every byte forced: jump-forward's whole output
 
 
 def test_jump_forward_appends_forced_text_without_sampling(engine: Engine) -> None:
     before = engine.stats().generated_tokens
-    on = engine.generate("Who?", {"max_new_tokens": 64, "seed": 3, "json_schema": FIXED})
+    on = engine.generate(
+        "Who?", {"max_new_tokens": 64, "seed": 3, "json_schema": FIXED, **COMPACT_JSON}
+    )
     sampled_on = engine.stats().generated_tokens - before
     off = engine.generate(
-        "Who?", {"max_new_tokens": 64, "seed": 3, "json_schema": FIXED, "jump_forward": False}
+        "Who?",
+        {
+            "max_new_tokens": 64,
+            "seed": 3,
+            "json_schema": FIXED,
+            "jump_forward": False,
+            **COMPACT_JSON,
+        },
     )
     sampled_off = engine.stats().generated_tokens - before - sampled_on
     assert on["text"] == off["text"] == FIXED_TEXT
@@ -263,7 +275,9 @@ def test_jump_forward_appends_forced_text_without_sampling(engine: Engine) -> No
 def test_jump_forward_off_engine_wide() -> None:
     with tiny_engine(enable_jump_forward=False) as eng:
         before = eng.stats().generated_tokens
-        out = eng.generate("Who?", {"max_new_tokens": 64, "seed": 3, "json_schema": FIXED})
+        out = eng.generate(
+            "Who?", {"max_new_tokens": 64, "seed": 3, "json_schema": FIXED, **COMPACT_JSON}
+        )
         assert out["text"] == FIXED_TEXT
         assert eng.stats().generated_tokens - before == len(out["output_ids"])
 
