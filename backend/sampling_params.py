@@ -16,7 +16,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -73,6 +73,7 @@ Unit = Annotated[float, Field(strict=True, ge=0, le=1)]
 Penalty = Annotated[float, Field(strict=True, ge=-2, le=2)]
 StopText = Annotated[StrictStr, Field(min_length=1, max_length=MAX_STOP_CHARS)]
 Constraint = Annotated[StrictStr, Field(max_length=MAX_CONSTRAINT_CHARS)]
+JsonLayout = Literal["compact", "spaced", "flexible"]  # plait.backend.grammar.layout
 Bias = tuple[Id, Annotated[float, Field(strict=True, ge=-100, le=100)]]
 
 
@@ -153,6 +154,7 @@ class SamplingParams(BaseModel):
         Constraint | None, Wire("structural_tag", None, vllm="structural_tag")
     ] = None
     any_whitespace: Annotated[StrictBool, _same("any_whitespace")] = False
+    json_layout: Annotated[JsonLayout | None, _same("json_layout")] = None
     strict_mode: Annotated[StrictBool, _same("strict_mode")] = True
     jump_forward: Annotated[StrictBool, _same("jump_forward")] = True
     close_on_length: Annotated[StrictBool, _same("close_on_length")] = True

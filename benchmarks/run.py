@@ -53,7 +53,10 @@ PLAIT_SYSTEMS = {
     NO_JUMP: PlaitSystem(NO_JUMP, {"enable_jump_forward": False}),
     HTTP: PlaitSystem(HTTP, http=True),
 }
-SUITES = ("runtime_core", "frontend_overhead", "kernels", "structured", "cpu_peers", "speculative")
+SUITES = (
+    "runtime_core", "frontend_overhead", "kernels", "structured", "cpu_peers", "decode_speed",
+    "speculative", "extraction_accuracy", "tensor_parallel", "dp_router",
+)  # fmt: skip
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -47,7 +47,11 @@ def describe(person: Person) -> str:
 def extract(s: plait.ProgramState, doc: str) -> None:
     s += plait.system("Extract the person described in the text as JSON.")
     s += plait.user(doc)
-    s += plait.assistant(plait.gen("person", json_schema=Person, max_tokens=48))
+    # compact JSON: on these six documents the default layout (spaced) loses one city to a
+    # string the model never closes ("Tokyo }  # ..."); on the 50-document labeled set
+    # spaced is the more accurate (docs/structured.md, "Accuracy on a real model")
+    person = plait.gen("person", json_schema=Person, json_layout="compact", max_tokens=48)
+    s += plait.assistant(person)
 
 
 def main(backend: plait.Backend | None = None, n: int = 30) -> list[plait.ProgramState]:

@@ -21,6 +21,8 @@ import xgrammar as xgr
 
 from plait.backend.grammar.compiler import GrammarError, GrammarKey, clean_error
 from plait.backend.grammar.compiler import json_schema_grammar as build_grammar
+from plait.backend.grammar.layout import COMPACT as COMPACT_LAYOUT
+from plait.backend.grammar.layout import FLEXIBLE
 from plait.backend.grammar.schema.rewrite import rewrite_schema
 from plait.backend.grammar.schema.utils import resolve_ref
 from plait.backend.grammar.schema.warnings import SchemaGap
@@ -60,9 +62,13 @@ def load_cases() -> tuple[SchemaCase, ...]:
     return tuple(cases)
 
 
-def schema_key(schema: Any, *, any_whitespace: bool, strict_mode: bool = False) -> GrammarKey:
+def schema_key(
+    schema: Any, *, any_whitespace: bool, strict_mode: bool = False, layout: str | None = None
+) -> GrammarKey:
+    """The key of `schema` in `layout` (default: flexible with any_whitespace, else compact)."""
     text = json.dumps(schema, separators=COMPACT, ensure_ascii=False)
-    return GrammarKey("json_schema", text, any_whitespace, strict_mode)
+    chosen = layout or (FLEXIBLE if any_whitespace else COMPACT_LAYOUT)
+    return GrammarKey("json_schema", text, chosen, strict_mode)
 
 
 class StringChecker:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import functools
 import json
 import os
 import re
@@ -34,6 +35,7 @@ from pydantic import BaseModel
 from helpers import tiny_engine
 from plait.backend.engine import Engine, GenerationError
 from plait.backend.grammar.compiler import GrammarError
+from plait.backend.grammar.layout import DEFAULT_LAYOUT
 
 SCHEMA_TOKENS = 192
 FULL_TOKENS = 1024
@@ -98,14 +100,13 @@ def verdict(case: SchemaCase, out: dict[str, Any], *, checker: StringChecker) ->
 
 
 def is_prefix(case: SchemaCase, text: str, *, checker: StringChecker) -> bool:
-    """The engine's grammar (compact, strict mode unless the schema needs it off) accepts
-    `text` as the beginning of an instance."""
+    """The engine's grammar (default layout, strict mode unless the schema needs it off)
+    accepts `text` as the beginning of an instance."""
+    key = functools.partial(schema_key, case.schema, any_whitespace=False, layout=DEFAULT_LAYOUT)
     try:
-        compiled, _ = checker.compile(
-            schema_key(case.schema, any_whitespace=False, strict_mode=True)
-        )
+        compiled, _ = checker.compile(key(strict_mode=True))
     except GrammarError:
-        compiled, _ = checker.compile(schema_key(case.schema, any_whitespace=False))
+        compiled, _ = checker.compile(key())
     import xgrammar as xgr
 
     return bool(xgr.GrammarMatcher(compiled, terminate_without_stop_token=True).accept_string(text))
@@ -222,7 +223,9 @@ def test_length_inside_an_unfinished_structure_is_reported_as_length(engine: Eng
         "properties": {"a": {"type": "string"}, "b": {"type": "string"}},
         "required": ["a", "b"],
     }
-    params = sampled(4, max_new_tokens=5, json_schema=schema, close_on_length=False)
+    params = sampled(
+        4, max_new_tokens=5, json_schema=schema, close_on_length=False, json_layout="compact"
+    )
     outs = engine.generate(["Cut:"] * 4, params)
     for out in outs:
         assert out["finish_reason"] == {"type": "length"}
@@ -242,14 +245,24 @@ FIXED = {
     "required": ["first_name", "last_name", "born"],
 }
 FIXED_TEXT = '{"first_name":"Ada","last_name":"Lovelace","born":1815}'
+COMPACT_JSON = {"json_layout": "compact"}  # every byte forced: jump-forward's whole output
 
 
 def test_jump_forward_appends_forced_text_without_sampling(engine: Engine) -> None:
     before = engine.stats().generated_tokens
-    on = engine.generate("Who?", {"max_new_tokens": 64, "seed": 3, "json_schema": FIXED})
+    on = engine.generate(
+        "Who?", {"max_new_tokens": 64, "seed": 3, "json_schema": FIXED, **COMPACT_JSON}
+    )
     sampled_on = engine.stats().generated_tokens - before
     off = engine.generate(
-        "Who?", {"max_new_tokens": 64, "seed": 3, "json_schema": FIXED, "jump_forward": False}
+        "Who?",
+        {
+            "max_new_tokens": 64,
+            "seed": 3,
+            "json_schema": FIXED,
+            "jump_forward": False,
+            **COMPACT_JSON,
+        },
     )
     sampled_off = engine.stats().generated_tokens - before - sampled_on
     assert on["text"] == off["text"] == FIXED_TEXT
@@ -262,7 +275,9 @@ def test_jump_forward_appends_forced_text_without_sampling(engine: Engine) -> No
 def test_jump_forward_off_engine_wide() -> None:
     with tiny_engine(enable_jump_forward=False) as eng:
         before = eng.stats().generated_tokens
-        out = eng.generate("Who?", {"max_new_tokens": 64, "seed": 3, "json_schema": FIXED})
+        out = eng.generate(
+            "Who?", {"max_new_tokens": 64, "seed": 3, "json_schema": FIXED, **COMPACT_JSON}
+        )
         assert out["text"] == FIXED_TEXT
         assert eng.stats().generated_tokens - before == len(out["output_ids"])
 

@@ -348,7 +348,7 @@ def test_jump_forward_appends_canonical_tokens_and_keeps_the_matcher_in_step(
     tokenizer: PreTrainedTokenizerBase, shared: XGrammarBackend
 ) -> None:
     hooks = shared
-    req = request("j", json_schema=PERSON)
+    req = request("j", json_schema=PERSON, json_layout="compact")  # every gap forced
     hooks.submit(req)
     wait_ready(hooks, [req])
     brace = tokenizer.encode("{", add_special_tokens=False)

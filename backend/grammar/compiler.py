@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import xgrammar as xgr
 
 from plait.backend.constraint_limits import regex_size
+from plait.backend.grammar.layout import COMPACT, COMPACT_SEPARATORS, resolve_layout, schema_grammar
 from plait.backend.grammar.regex_fsm import RegexFSM
 from plait.backend.grammar.schema.rewrite import rewrite_schema
 from plait.backend.grammar.schema.warnings import SchemaGap, gap_warnings, schema_gaps
@@ -35,10 +36,6 @@ from plait.backend.sampling_params import SamplingParams
 if TYPE_CHECKING:
     from plait.backend.grammar.workers import CompileJob, WorkerPool
 
-# Whitespace between JSON tokens when any_whitespace is on: enough for indented output,
-# too little for a model to flood the output with spaces.
-MAX_JSON_WHITESPACE = 16
-COMPACT_SEPARATORS = (",", ":")
 JSON_OBJECT_SCHEMA = '{"type":"object"}'
 MAX_FSM_REGEX_SIZE = 2000  # larger regexes jump forward with xgrammar's string, no own DFA
 _XGR_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: (Check failed: \(.*?\) is false: )?")
@@ -50,11 +47,12 @@ class GrammarError(ValueError):
 
 @dataclass(frozen=True)
 class GrammarKey:
-    """What a compiled grammar depends on: kind, normalized text, JSON layout options."""
+    """What a compiled grammar depends on: kind, normalized text, JSON options (`layout`,
+    one of `layout.LAYOUTS`)."""
 
     kind: str
     text: str
-    any_whitespace: bool = False
+    layout: str = COMPACT
     strict_mode: bool = True
 
 
@@ -84,11 +82,11 @@ def grammar_key(params: SamplingParams) -> GrammarKey:
     if constraint is None:
         raise GrammarError("the request has no constraint")
     kind, value = constraint
+    layout = resolve_layout(layout=params.json_layout, any_whitespace=params.any_whitespace)
     if kind == "json_schema":
-        text = normalize_schema(value)
-        return GrammarKey(kind, text, params.any_whitespace, params.strict_mode)
+        return GrammarKey(kind, normalize_schema(value), layout, params.strict_mode)
     if kind == "json_object":
-        return GrammarKey(kind, JSON_OBJECT_SCHEMA, params.any_whitespace, strict_mode=False)
+        return GrammarKey(kind, JSON_OBJECT_SCHEMA, layout, strict_mode=False)
     if kind == "choices":
         return GrammarKey(kind, json.dumps(list(value), ensure_ascii=False))
     if kind == "structural_tag":
@@ -96,7 +94,7 @@ def grammar_key(params: SamplingParams) -> GrammarKey:
             text = normalize_structural_tag(value)
         except StructuralTagError as exc:
             raise GrammarError(str(exc)) from exc
-        return GrammarKey(kind, text, params.any_whitespace, params.strict_mode)
+        return GrammarKey(kind, text, layout, params.strict_mode)
     return GrammarKey(kind, str(value) if kind == "regex" else str(value).strip())
 
 
@@ -111,20 +109,12 @@ def normalize_schema(value: str) -> str:
     return json.dumps(schema, separators=COMPACT_SEPARATORS, ensure_ascii=False)
 
 
-def json_layout(*, any_whitespace: bool) -> dict[str, Any]:
-    """xgrammar JSON options: compact output, or bounded whitespace between tokens."""
-    if any_whitespace:
-        return {"any_whitespace": True, "max_whitespace_cnt": MAX_JSON_WHITESPACE}
-    return {"any_whitespace": False, "separators": COMPACT_SEPARATORS}
-
-
 def json_schema_grammar(key: GrammarKey, **options: Any) -> tuple[xgr.Grammar, list[SchemaGap]]:
     """The (uncompiled) grammar of a JSON key and the schema keywords it cannot enforce.
     The schema is first rewritten into an equivalent one xgrammar enforces more of."""
     schema = rewrite_schema(json.loads(key.text))
-    layout = {**json_layout(any_whitespace=key.any_whitespace), **options}
     text = json.dumps(schema, ensure_ascii=False)
-    grammar = xgr.Grammar.from_json_schema(text, strict_mode=key.strict_mode, **layout)
+    grammar = schema_grammar(text, layout=key.layout, strict_mode=key.strict_mode, **options)
     return grammar, schema_gaps(schema, strict_mode=key.strict_mode)
 
 

@@ -17,6 +17,7 @@ import copy
 import json
 from typing import Any
 
+from plait.backend.grammar.schema.lengths import lengths_into_pattern
 from plait.backend.grammar.schema.utils import ANNOTATIONS, pattern_shape, resolve_ref
 
 COMBINATORS = ("allOf", "anyOf", "oneOf")
@@ -76,7 +77,7 @@ class _Rewriter:
         kinds = [k for k in COMBINATORS if k in node]
         if len(kinds) == 1 and kinds[0] != "allOf":
             node = self._distribute(node, kind=kinds[0], depth=depth)
-        return node
+        return lengths_into_pattern(node)
 
     def _child(self, key: str, value: Any, *, depth: int) -> Any:
         if key in MAP_KEYS and isinstance(value, dict):

@@ -1,0 +1,69 @@
+"""JSON layouts: what whitespace a JSON grammar allows between tokens.
+
+- `compact`: none (separators `,` and `:`);
+- `spaced`: each gap between tokens is empty or one space (`{"a": 1, "b": [1, 2]}`);
+- `flexible`: each gap is empty, one space, or a newline followed by at most
+  `MAX_INDENT` spaces (indented output as models write it: `json.dumps(indent=2)` up to
+  four levels deep).
+
+No layout allows a run of padding: the model cannot fill a gap with sixteen spaces or blank
+lines, which small models do greedily once a grammar lets them (they then run to the token
+limit). xgrammar's own `any_whitespace` allows any `[ \\n\\r\\t]` run up to a count; the
+`spaced` and `flexible` grammars are xgrammar's `any_whitespace` grammar with every
+whitespace repetition replaced by the layout's gap rule (in its lookaheads too).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import xgrammar as xgr
+
+COMPACT = "compact"
+SPACED = "spaced"
+FLEXIBLE = "flexible"
+LAYOUTS = (COMPACT, SPACED, FLEXIBLE)
+DEFAULT_LAYOUT = SPACED  # chosen by benchmarks/extraction_accuracy.py (docs/structured.md)
+COMPACT_SEPARATORS = (",", ":")
+MAX_INDENT = 8
+GAP_RULE = "plait_layout_gap"
+_GAPS = {
+    SPACED: '("" | " ")',
+    FLEXIBLE: f'("" | " " | ("\\n" [ ]{{0, {MAX_INDENT}}}))',
+}
+# The count xgrammar is given, so that its whitespace repetitions can be found in its EBNF.
+_XGR_WHITESPACE_CNT = 16
+_WHITESPACE_REPEAT = re.compile(rf"\bwhitespace(?:_\d+)?\{{0, {_XGR_WHITESPACE_CNT}\}}")
+
+
+def resolve_layout(*, layout: str | None, any_whitespace: bool) -> str:
+    """The layout a request asked for: `json_layout` if given, else `flexible` for
+    `any_whitespace`, else the default."""
+    if layout is not None:
+        return layout
+    return FLEXIBLE if any_whitespace else DEFAULT_LAYOUT
+
+
+def schema_grammar(schema_text: str, *, layout: str, **options: Any) -> xgr.Grammar:
+    """xgrammar's grammar of a JSON Schema (text) in `layout`; `options` go to xgrammar
+    (`strict_mode`, `any_order`)."""
+    if layout == COMPACT:
+        return xgr.Grammar.from_json_schema(
+            schema_text, any_whitespace=False, separators=COMPACT_SEPARATORS, **options
+        )
+    if layout not in _GAPS:
+        raise ValueError(f"unknown JSON layout {layout!r} (one of {', '.join(LAYOUTS)})")
+    loose = xgr.Grammar.from_json_schema(
+        schema_text, any_whitespace=True, max_whitespace_cnt=_XGR_WHITESPACE_CNT, **options
+    )
+    return with_gaps(loose, layout=layout)
+
+
+def with_gaps(grammar: xgr.Grammar, *, layout: str) -> xgr.Grammar:
+    """`grammar` (xgrammar's any_whitespace form) with each whitespace run replaced by the
+    layout's gap."""
+    text, count = _WHITESPACE_REPEAT.subn(GAP_RULE, str(grammar))
+    if count == 0:  # no whitespace between tokens (a schema of one string or number)
+        return grammar
+    return xgr.Grammar.from_ebnf(f"{text}\n{GAP_RULE} ::= {_GAPS[layout]}\n")

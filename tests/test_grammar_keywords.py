@@ -1,0 +1,79 @@
+"""JSON Schema keywords xgrammar ignores that plait enforces by rewriting the schema:
+valid instances accepted, invalid ones rejected by the grammar matcher, no warning left."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jsonschema
+import pytest
+import xgrammar as xgr
+
+from plait.backend.grammar.compiler import GrammarKey, json_schema_grammar
+from plait.backend.grammar.layout import COMPACT
+from plait.backend.grammar.schema.lengths import MAX_REGEX_CHARS, lengths_into_pattern
+from plait.backend.grammar.schema.rewrite import rewrite_schema
+from plait.backend.grammar.schema.warnings import schema_gaps
+
+COMPILER = xgr.GrammarCompiler(xgr.TokenizerInfo([]), cache_enabled=False)
+
+
+def accepts(schema: dict[str, Any], value: Any) -> bool:
+    key = GrammarKey("json_schema", json.dumps(schema), COMPACT, strict_mode=True)
+    grammar, _ = json_schema_grammar(key)
+    compiled = COMPILER.compile_grammar(grammar)
+    matcher = xgr.GrammarMatcher(compiled, terminate_without_stop_token=True)
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return bool(matcher.accept_string(text)) and bool(matcher.is_terminated())
+
+
+def check(schema: dict[str, Any], values: list[Any]) -> None:
+    """The grammar agrees with jsonschema on every value, and reports no length gap."""
+    for value in values:
+        expected = jsonschema.Draft202012Validator(schema).is_valid(value)
+        assert accepts(schema, value) == expected, (schema, value, expected)
+    keywords = {gap.keyword for gap in schema_gaps(rewrite_schema(schema))}
+    assert not keywords & {"minLength", "maxLength"}, keywords
+
+
+@pytest.mark.parametrize(
+    ("schema", "values"),
+    [
+        (
+            {"type": "string", "pattern": "^[a-z]+$", "minLength": 2, "maxLength": 4},
+            ["a", "ab", "abcd", "abcde", "aB", ""],
+        ),
+        (
+            {"type": "string", "pattern": "[0-9]", "maxLength": 3},  # unanchored: a search
+            ["1", "a1b", "ab1c", "abc", "x9"],
+        ),
+        (
+            {"type": "string", "pattern": "^[A-Z]{2}-[0-9]{4}$", "minLength": 7, "maxLength": 7},
+            ["AB-1234", "AB-123", "ab-1234"],  # the bounds are implied by the pattern
+        ),
+        (
+            {"type": "string", "pattern": "^(ab|c)*$", "minLength": 3, "maxLength": 5},
+            ["abc", "cab", "ababc", "ab", "cccccc", "abab", "aba"],
+        ),
+        (
+            {"type": "string", "pattern": "^[^x]+$", "maxLength": 3},
+            ["é", "abc", "abcd", "axb"],  # (no escapes: xgrammar's patterns never match them)
+        ),
+    ],
+)
+def test_lengths_beside_a_pattern_are_enforced(schema: dict[str, Any], values: list[Any]) -> None:
+    check(schema, values)
+
+
+def test_an_expansion_too_large_keeps_the_length_keywords_and_their_warning() -> None:
+    schema = {"type": "string", "pattern": "foo", "maxLength": 200}
+    rewritten = rewrite_schema(schema)
+    assert "maxLength" in rewritten and len(rewritten["pattern"]) < MAX_REGEX_CHARS
+    assert "maxLength" in {gap.keyword for gap in schema_gaps(rewritten)}
+
+
+def test_a_length_without_a_pattern_or_beside_a_format_is_left_alone() -> None:
+    plain = {"type": "string", "maxLength": 3}
+    dated = {"type": "string", "format": "date", "pattern": "^2", "maxLength": 10}
+    assert lengths_into_pattern(plain) == plain and lengths_into_pattern(dated) == dated
