@@ -370,32 +370,3 @@ def test_duplicate_keys_are_detected() -> None:
     assert not has_duplicate_keys(b'{"a":{"":0,"b":1},"b":[{"":2}]}')
     assert not has_duplicate_keys(b'{"a":')  # does not parse: nothing to say
     assert not has_duplicate_keys(b"[" * 5000 + b"]" * 5000)  # too deep for json: the same
-
-
-FORMATS = ("date", "time", "date-time", "email", "uuid", "ipv4", "ipv6", "uri", "hostname")
-
-
-@pytest.mark.parametrize("form", FORMATS)
-@pytest.mark.parametrize("prefix", ['{"x":"', '{"y":1'])
-def test_completions_write_values_that_satisfy_the_format(
-    compiler: xgr.GrammarCompiler, completer: Completer, form: str, prefix: str
-) -> None:
-    """A string with a format, cut at its opening quote or still to be written as a missing
-    required property, is completed with a real value of the format ("2000-01-01", not the
-    "0000-01-01" its grammar also accepts), checked by jsonschema's format checker."""
-    import jsonschema
-
-    schema = {
-        "type": "object",
-        "properties": {"x": {"type": "string", "format": form}, "y": {"type": "integer"}},
-        "required": ["x"] if prefix.startswith('{"x"') else ["y", "x"],
-    }
-    if prefix.startswith('{"y"'):
-        schema["properties"] = {"y": schema["properties"]["y"], "x": schema["properties"]["x"]}
-    completion = completer.complete(
-        json_matcher(compiler, schema, prefix), text=prefix.encode(), is_json=True
-    )
-    assert completion is not None
-    value = json.loads(prefix + completion.decode())
-    checker = jsonschema.Draft202012Validator.FORMAT_CHECKER
-    assert jsonschema.Draft202012Validator(schema, format_checker=checker).is_valid(value), value

@@ -30,7 +30,6 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -49,14 +48,6 @@ WEIGHT = 3  # A* weight on the estimate (and on repeated bytes): prefer closing 
 # the output was cut in): completions need no escapes or new multi-byte characters (unless a
 # pattern demands them; then the search finds nothing).
 ALPHABET = frozenset(range(0x20, 0x7F)) - {ord("\\")} | frozenset(range(0x80, 0xC0))
-# Values that satisfy a string format (date, time, date-time, email, UUID, IPv4/6, URI,
-# hostname, duration), tried whole at the start of a string: the byte search alone writes
-# the cheapest bytes a format's grammar accepts ("0000-01-01" is no date).
-FORMAT_SAMPLES = (
-    b"2000-01-01T00:00:00Z", b"2000-01-01", b"00:00:00Z", b"a@example.com",
-    b"00000000-0000-4000-8000-000000000000", b"127.0.0.1", b"::1", b"https://example.com",
-    b"example.com", b"P1D",
-)  # fmt: skip
 ITEM = re.compile(
     r"rule_id=(\d+), sequence_id=(\d+), element_id=(\d+), rule_start_pos=(-?\d+), "
     r"sub_element_id=(\d+)"
@@ -87,23 +78,11 @@ class _Node:
     allowed: tuple[tuple[int, bytes], ...] = ()
     items: frozenset[Item] = frozenset()
     run: int = 1
-    tail: bytes = b""  # the root's: the last bytes of the text before the search
 
     @property
     def estimate(self) -> int:
         """Bytes still needed at least: one per open container or string (JSON only)."""
         return self.lex.open_count() if self.lex is not None else 0
-
-    @property
-    def at_value_start(self) -> bool:
-        """The last byte written opened a string that is a value, not an object's key
-        (nothing of its content is written yet)."""
-        written = (self.tail + self.text)[-16:]
-        if not written.endswith(b'"') or self.lex is None or not self.lex.in_string:
-            return False
-        before = written[:-1].rstrip()[-1:]
-        in_object = bool(self.lex.stack) and self.lex.stack[-1][0] == ord("{")
-        return not (in_object and before in (b"{", b","))
 
     def child(self, data: bytes) -> _Node:
         lex = self.lex.feed(data) if self.lex is not None else None
@@ -160,7 +139,7 @@ class Completer:
         if matcher.is_completed():
             return b""
         try:
-            root = _Node(b"", JsonLex.scan(text) if is_json else None, tail=text[-16:])
+            root = _Node(b"", JsonLex.scan(text) if is_json else None)
             root.allowed = self._allowed(matcher)
             first = _Budget(int(self.max_trials * BEST_FIRST), self.max_seconds * BEST_FIRST)
             found = self._best_first(matcher, root, base=len(text), budget=first)
@@ -181,67 +160,25 @@ class Completer:
         while heap:
             node = heapq.heappop(heap)[3]
             assert node.matcher is not None
-            found = self._samples(node, heap, seen, base=base, budget=budget)
-            if found is not None:
-                return found
             for token, data in node.allowed:
                 if not budget.spend():
                     return None
                 node.matcher.accept_token(token)
                 if node.matcher.is_completed():
                     return node.text + data
-                self._push(heap, seen, node, node.child(data), base=base, discount=0)
+                child = node.child(data)
+                key = self._key(node.matcher, child, base, node)
+                if child.run <= MAX_RUN and key not in seen:
+                    seen.add(key)
+                    child.matcher = node.matcher.fork()
+                    child.allowed = self._allowed(child.matcher)
+                    if budget.expired():
+                        return None
+                    cost = len(child.text)
+                    rank = cost + WEIGHT * (child.estimate + child.run - 1)
+                    heapq.heappush(heap, (rank, -cost, len(seen), child))
                 node.matcher.rollback(1)
-                if budget.expired():
-                    return None
         return None
-
-    def _samples(
-        self, node: _Node, heap: list[Any], seen: set[Key], *, base: int, budget: _Budget
-    ) -> bytes | None:
-        """At the start of a JSON string, children that write a whole format sample (a real
-        date, time, UUID, ...) and close the string, ranked as if they wrote only the closing
-        quote: byte-by-byte values satisfy a format's grammar, not always the format."""
-        if not node.at_value_start:
-            return None
-        firsts = {data for _, data in node.allowed}
-        for sample in FORMAT_SAMPLES:
-            if sample[:1] not in firsts or not budget.spend():
-                continue
-            assert node.matcher is not None
-            fork = node.matcher.fork()
-            if not fork.accept_string(sample + b'"'):
-                continue
-            if fork.is_completed():
-                return node.text + sample + b'"'
-            self._push(heap, seen, node, node.child(sample + b'"'), base=base,
-                       discount=len(sample), matcher=fork)  # fmt: skip
-        return None
-
-    def _push(
-        self,
-        heap: list[Any],
-        seen: set[Key],
-        parent: _Node,
-        child: _Node,
-        *,
-        base: int,
-        discount: int,
-        matcher: xgr.GrammarMatcher | None = None,
-    ) -> None:
-        """Queue `child` (its state: `matcher`, else the parent's matcher as it is now)
-        unless its state was seen."""
-        state = matcher if matcher is not None else parent.matcher
-        assert state is not None
-        key = self._key(state, child, base, parent)
-        if child.run > MAX_RUN or key in seen:
-            return
-        seen.add(key)
-        child.matcher = matcher if matcher is not None else state.fork()
-        child.allowed = self._allowed(child.matcher)
-        cost = len(child.text) - discount
-        rank = cost + WEIGHT * (child.estimate + child.run - 1)
-        heapq.heappush(heap, (rank, -cost, len(seen), child))
 
     def _depth_first(
         self, matcher: xgr.GrammarMatcher, root: _Node, *, base: int, budget: _Budget

@@ -74,8 +74,10 @@ class CompileJob:
     future: Future[CompiledConstraint] = field(default_factory=Future)
 
     def deadline(self, worker: Worker) -> float:
-        """Its deadline on `worker`: waiting for a worker to start does not count."""
-        return max(self.submitted, worker.ready_at) + self.timeout_s
+        """Its deadline on `worker`: the part of the worker's start this job waited through
+        does not count; queueing behind other jobs does."""
+        startup = max(0.0, worker.ready_at - max(self.submitted, worker.spawned_at))
+        return self.submitted + self.timeout_s + startup
 
 
 class WorkerPool:
@@ -208,6 +210,7 @@ class Worker:
         self.jobs = jobs
         self.results = results
         self.is_ready = False
+        self.spawned_at = time.monotonic()
         self.ready_at = float("inf")
 
     def wait_ready(self, timeout: float) -> bool:
