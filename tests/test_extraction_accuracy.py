@@ -1,5 +1,6 @@
 """Structured-output accuracy on the real model (SmolLM2-135M-Instruct): a subset of the
-labeled extraction set (`tests/data/extraction`), greedy, plait's default JSON layout.
+labeled extraction set (`tests/data/extraction`), greedy, the `spaced` JSON layout (the
+best measured; the default is still `compact`: docs/structured.md).
 
 The full measurement, with the other layouts and the peers, is
 `python -m benchmarks.extraction_accuracy` (docs/structured.md).
@@ -32,12 +33,14 @@ EXPECTED = {  # (task, index) -> the exact answer measured, and right by the lab
 }
 
 
-def test_default_layout_is_valid_and_accurate_on_the_real_model(smollm2_engine: Engine) -> None:
+def test_spaced_layout_is_valid_and_accurate_on_the_real_model(smollm2_engine: Engine) -> None:
     docs = [d for d in load_documents() if d.index < 2]
     prompts = Prompts()
     params = [
-        {"temperature": 0.0, "max_new_tokens": MAX_TOKENS, "json_schema": d.schema} for d in docs
-    ]
+        {"temperature": 0.0, "max_new_tokens": MAX_TOKENS, "json_schema": d.schema,
+         "json_layout": "spaced"}
+        for d in docs
+    ]  # fmt: skip
     outs = smollm2_engine.generate(input_ids=[prompts.ids(d) for d in docs], sampling_params=params)
     score = Score()
     answers = {}
