@@ -211,6 +211,8 @@ class Worker:
         self.results = results
         self.is_ready = False
         self.spawned_at = time.monotonic()
+        self.killed = False
+        self._kill_lock = threading.Lock()
         self.ready_at = float("inf")
 
     def wait_ready(self, timeout: float) -> bool:
@@ -256,6 +258,12 @@ class Worker:
             raise WorkerLost(f"{job.key.kind}: the grammar compiler process died ({exc})") from None
 
     def kill(self) -> None:
+        """Kill the process and close its pipes, once (the pool's close and the worker's own
+        thread may both ask: a second close of a pipe could close a reused descriptor)."""
+        with self._kill_lock:
+            if self.killed:
+                return
+            self.killed = True
         if self.proc.poll() is None:
             self.proc.kill()
             try:
