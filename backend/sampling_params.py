@@ -73,7 +73,7 @@ Unit = Annotated[float, Field(strict=True, ge=0, le=1)]
 Penalty = Annotated[float, Field(strict=True, ge=-2, le=2)]
 StopText = Annotated[StrictStr, Field(min_length=1, max_length=MAX_STOP_CHARS)]
 Constraint = Annotated[StrictStr, Field(max_length=MAX_CONSTRAINT_CHARS)]
-JsonLayout = Literal["compact", "spaced", "flexible"]  # plait.backend.grammar.layout
+JsonLayout = Literal["compact", "dumps", "spaced", "flexible"]  # plait.backend.grammar.layout
 Bias = tuple[Id, Annotated[float, Field(strict=True, ge=-100, le=100)]]
 
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from plait.backend.grammar import GrammarHooks
+from plait.backend.grammar import FIXED_LAYOUTS, GrammarHooks, resolve_layout
 from plait.backend.kv_manager import KVManager
 from plait.backend.req import Req
 from plait.backend.speculative import NgramIndex, SpecState, SpeculativeConfig, accepted_prefix
@@ -63,8 +63,9 @@ class Speculator:
         """Whether decoding `req` with a draft gives the same tokens as without."""
         p = req.params
         plain = not (p.logit_bias or p.has_penalties or p.return_logprob)
-        # drafts under the spaced/flexible JSON layouts changed outputs in a test: off there
-        plain = plain and not p.any_whitespace and p.json_layout in (None, "compact")
+        # drafts under the layouts with optional gaps changed outputs in a test: off there
+        layout = resolve_layout(layout=p.json_layout, any_whitespace=p.any_whitespace)
+        plain = plain and layout in FIXED_LAYOUTS
         one = req.seq_len - req.kv_len == 1 and req.finished is None
         return p.is_greedy and plain and one and not req.below_min_tokens()
 

@@ -36,6 +36,7 @@ MODEL = "smollm2-135m"
 MAX_TOKENS = 256
 PLAIT_VARIANTS = {  # name -> request options
     "plait compact": {"json_layout": "compact"},
+    "plait dumps": {"json_layout": "dumps"},
     "plait spaced": {"json_layout": "spaced"},
     "plait flexible": {"json_layout": "flexible"},
     "plait default, jump-forward off": {"jump_forward": False},

@@ -7,6 +7,14 @@ returns after a sampled token.
 """
 
 from plait.backend.grammar.hooks import GrammarHooks, MaskWaiter, Rewrite
+from plait.backend.grammar.layout import FIXED_LAYOUTS, resolve_layout
 from plait.backend.grammar.xgrammar_backend import make_grammar
 
-__all__ = ["GrammarHooks", "MaskWaiter", "Rewrite", "make_grammar"]
+__all__ = [
+    "FIXED_LAYOUTS",
+    "GrammarHooks",
+    "MaskWaiter",
+    "Rewrite",
+    "make_grammar",
+    "resolve_layout",
+]

@@ -1,6 +1,8 @@
 """JSON layouts: what whitespace a JSON grammar allows between tokens.
 
 - `compact`: none (separators `,` and `:`);
+- `dumps`: one space after each `,` and `:` and none elsewhere (`{"a": 1, "b": [1, 2]}`),
+  what `json.dumps` writes by default and what models have seen most;
 - `spaced`: each gap between tokens is empty or one space (`{"a": 1, "b": [1, 2]}`);
 - `flexible`: each gap is empty, one space, or a newline followed by at most
   `MAX_INDENT` spaces (indented output as models write it: `json.dumps(indent=2)` up to
@@ -21,11 +23,14 @@ from typing import Any
 import xgrammar as xgr
 
 COMPACT = "compact"
+DUMPS = "dumps"
 SPACED = "spaced"
 FLEXIBLE = "flexible"
-LAYOUTS = (COMPACT, SPACED, FLEXIBLE)
-DEFAULT_LAYOUT = COMPACT  # spaced measured better (docs/structured.md), not the default yet
+LAYOUTS = (COMPACT, DUMPS, SPACED, FLEXIBLE)
+DEFAULT_LAYOUT = DUMPS  # measured best with spaced (docs/structured.md), and no optional gaps
+FIXED_LAYOUTS = (COMPACT, DUMPS)  # one way to write each value: no whitespace to choose
 COMPACT_SEPARATORS = (",", ":")
+_SEPARATORS = {COMPACT: COMPACT_SEPARATORS, DUMPS: (", ", ": ")}
 MAX_INDENT = 8
 GAP_RULE = "plait_layout_gap"
 _GAPS = {
@@ -48,9 +53,9 @@ def resolve_layout(*, layout: str | None, any_whitespace: bool) -> str:
 def schema_grammar(schema_text: str, *, layout: str, **options: Any) -> xgr.Grammar:
     """xgrammar's grammar of a JSON Schema (text) in `layout`; `options` go to xgrammar
     (`strict_mode`, `any_order`)."""
-    if layout == COMPACT:
+    if layout in _SEPARATORS:
         return xgr.Grammar.from_json_schema(
-            schema_text, any_whitespace=False, separators=COMPACT_SEPARATORS, **options
+            schema_text, any_whitespace=False, separators=_SEPARATORS[layout], **options
         )
     if layout not in _GAPS:
         raise ValueError(f"unknown JSON layout {layout!r} (one of {', '.join(LAYOUTS)})")
