@@ -4,9 +4,12 @@ when the closer acts, and the engine's results (valid output, finish_reason "len
 
 from __future__ import annotations
 
+import datetime
+import ipaddress
 import json
 import re
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -109,10 +112,10 @@ def test_lexer_tracks_containers_strings_and_escapes() -> None:
         ({"type": "object"}, '{"a":[{"b":"x', '"}]}'),
         (PERSON, '{"name":"xyz', '","tags":[],"age":1000}'),
         (PERSON, '{"name":"","tags":["a","b', '"],"age":1000}'),
-        ({"type": "string", "format": "date-time"}, '"20', '00-01-01T00:00:00Z"'),
-        ({"type": "string", "pattern": "^[A-Z]{3}-\\d{4}$"}, '"A', 'AA-0000"'),
+        ({"type": "string", "format": "date-time"}, '"20', '00-01-01T12:00:00Z"'),
+        ({"type": "string", "pattern": "^[A-Z]{3}-\\d{4}$"}, '"A', 'AA-1000"'),
         ({"type": "array", "items": {"enum": ["customer", "maker"]}}, '["cu', 'stomer"]'),
-        ({"type": "array", "items": {"type": "integer"}, "minItems": 3}, "[5", ",0,0]"),
+        ({"type": "array", "items": {"type": "integer"}, "minItems": 3}, "[5", ",1,1]"),
     ],
 )
 def test_completion_is_short_and_accepted(
@@ -127,6 +130,96 @@ def test_completion_is_short_and_accepted(
     assert found == completion.encode()
     assert matcher.accept_string(found) and matcher.is_completed()  # matcher left as it was
     assert validates(schema, json.loads(text + completion))
+
+
+def strictly_valid(fmt: str, value: str) -> bool:
+    """Stricter than jsonschema's format checks: Python's own parsers, a dotted domain."""
+    checks: dict[str, Any] = {
+        "date": datetime.date.fromisoformat,
+        "time": lambda v: datetime.time.fromisoformat(v.replace("Z", "+00:00")),
+        "date-time": lambda v: datetime.datetime.fromisoformat(v.replace("Z", "+00:00")),
+        "uuid": uuid.UUID,
+        "ipv4": ipaddress.IPv4Address,
+        "ipv6": ipaddress.IPv6Address,
+        "email": lambda v: re.fullmatch(r"[\w.+-]+@[\w-]+(\.[\w-]+)+", v) or 1 / 0,
+        "hostname": lambda v: re.fullmatch(r"[a-z0-9-]+(\.[a-z0-9-]+)+", v) or 1 / 0,
+        "uri": lambda v: re.fullmatch(r"[a-z]+://\S+", v) or 1 / 0,
+        "duration": lambda v: re.fullmatch(r"P\d+D", v) or 1 / 0,
+    }
+    try:
+        checks[fmt](value)
+    except (ValueError, ZeroDivisionError):
+        return False
+    return True
+
+
+FORMAT_CUTS = [
+    ("date", ""),
+    ("date", "2023-0"),
+    ("time", "1"),
+    ("date-time", ""),
+    ("date-time", "2023-05-01T1"),
+    ("uuid", ""),
+    ("uuid", "3f2a"),
+    ("ipv4", ""),
+    ("ipv6", ""),
+    ("email", ""),
+    ("email", "jane.doe"),
+    ("hostname", ""),
+    ("uri", ""),
+    ("duration", ""),
+]
+
+
+@pytest.mark.parametrize(("fmt", "written"), FORMAT_CUTS)
+def test_a_format_string_is_closed_with_a_real_value(
+    compiler: xgr.GrammarCompiler, completer: Completer, fmt: str, written: str
+) -> None:
+    """Cut inside a string with a format (at its start or inside the value), closing writes
+    a value that parses as that format (no year 0000, no `}@1` email, no `000.0.0.0`), and
+    the rest of the object; the uuid's repeated groups (parser items that recur at other
+    depths) no longer stop the search."""
+    schema = {
+        "type": "object",
+        "properties": {"v": {"type": "string", "format": fmt}, "n": {"type": "integer"}},
+        "required": ["v", "n"],
+    }
+    text = f'{{"v":"{written}'
+    found = completer.complete(
+        json_matcher(compiler, schema, text), text=text.encode(), is_json=True
+    )
+    assert found is not None
+    value = json.loads(text + found.decode())
+    assert value["v"].startswith(written) and strictly_valid(fmt, value["v"])
+
+
+@pytest.mark.parametrize("fmt", ["date", "date-time", "ipv4", "uuid"])
+def test_a_format_string_the_search_opens_is_valid(
+    compiler: xgr.GrammarCompiler, completer: Completer, fmt: str
+) -> None:
+    """A required string with a format not begun yet: the search writes it, and where a
+    number or a year begins it tries `1` before `0` (no year 0000, no leading zeros)."""
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "string"}, "v": {"type": "string", "format": fmt}},
+        "required": ["a", "v"],
+    }
+    text = '{"a":"x'
+    found = completer.complete(
+        json_matcher(compiler, schema, text), text=text.encode(), is_json=True
+    )
+    assert found is not None
+    assert strictly_valid(fmt, json.loads(text + found.decode())["v"])
+
+
+def test_a_free_string_is_closed_not_filled_with_a_sample(
+    compiler: xgr.GrammarCompiler, completer: Completer
+) -> None:
+    schema = {"type": "object", "properties": {"v": {"type": "string"}}, "required": ["v"]}
+    found = completer.complete(
+        json_matcher(compiler, schema, '{"v":"2023-0'), text=b'{"v":"2023-0', is_json=True
+    )
+    assert found == b'"}'
 
 
 def test_search_counts_a_repetition_whose_parser_items_do_not_change(

@@ -77,3 +77,36 @@ def test_a_length_without_a_pattern_or_beside_a_format_is_left_alone() -> None:
     plain = {"type": "string", "maxLength": 3}
     dated = {"type": "string", "format": "date", "pattern": "^2", "maxLength": 10}
     assert lengths_into_pattern(plain) == plain and lengths_into_pattern(dated) == dated
+
+
+@pytest.mark.parametrize("step", [5, 2.0])
+def test_a_whole_multiple_of_on_a_number_is_enforced(step: float) -> None:
+    """`multipleOf` 5 on a number: the grammar writes integers stepped by 5 (xgrammar's
+    integer multipleOf), with no warning left; a fractional step stays warned about."""
+    schema = {"type": "number", "multipleOf": step}
+    for value in (10, 20, 0, -20, 7, 12.5, 3, -25):
+        expected = jsonschema.Draft202012Validator(schema).is_valid(value)
+        assert accepts(schema, value) == expected, (schema, value)
+    assert not schema_gaps(rewrite_schema(schema))
+    fractional = {"type": "number", "multipleOf": 0.5}
+    assert [g.keyword for g in schema_gaps(rewrite_schema(fractional))] == ["multipleOf"]
+
+
+def test_a_multiple_of_beside_a_range_is_warned_about() -> None:
+    """xgrammar drops an integer multipleOf when a minimum or maximum is beside it."""
+    schema = {"type": "integer", "multipleOf": 5, "minimum": -20}
+    assert accepts(schema, 7)  # what the warning is for
+    gaps = schema_gaps(rewrite_schema(schema))
+    assert [(g.keyword, g.effect) for g in gaps] == [("multipleOf", "loose")]
+
+
+@pytest.mark.parametrize("step", [2048, 1e400, -5])
+def test_a_multiple_of_xgrammar_ignores_is_warned_about(step: float) -> None:
+    """Above 1024 xgrammar drops an integer multipleOf; an infinite or negative step is left
+    to the checks (no exception in the rewrite)."""
+    schema = {"type": "number", "multipleOf": step}
+    rewritten = rewrite_schema(schema)
+    assert rewritten["type"] == "number"
+    assert [g.keyword for g in schema_gaps(rewritten)] == ["multipleOf"]
+    if step == 2048:
+        assert accepts({"type": "integer", "multipleOf": 2048}, 3)

@@ -227,17 +227,17 @@ def test_the_reasoning_is_free_and_the_answer_is_valid_json(engine: Engine) -> N
 
 def test_thinking_switched_off_applies_the_grammar_from_the_first_token(engine: Engine) -> None:
     out = engine.generate("Q: <think>\n\n</think>\n\n", params())
-    assert out["text"].startswith('{"name":"')
+    assert out["text"].startswith('{"name": "')
     answer(out["text"])
     off = engine.generate("Q: <think>\n", params(reasoning=False))
-    assert off["text"].startswith('{"name":"')
+    assert off["text"].startswith('{"name": "')
     answer(off["text"])
 
 
 def test_without_a_parser_the_grammar_applies_from_the_first_token() -> None:
     with tiny_engine() as plain:
         out = plain.generate("Q: <think>\n", params())
-        assert out["text"].startswith('{"name":"')
+        assert out["text"].startswith('{"name": "')
         asked = plain.generate("Q: <think>\n", params(reasoning=True))
         assert asked["text"].startswith("aaaaa</think>")
         answer(asked["text"].partition("</think>")[2])

@@ -70,7 +70,7 @@ def test_reasoning_content_is_apart_and_the_answer_is_valid_json(
     req = body(name)
     msg = message(client, req)
     assert msg["reasoning_content"] == "aaaaa"
-    assert msg["content"].startswith('{"name":"')
+    assert msg["content"].startswith('{"name": "')
     valid(msg["content"])
     assert streamed(client, req) == (msg["reasoning_content"], msg["content"])
 
@@ -81,7 +81,7 @@ def test_enable_thinking_false_applies_the_grammar_from_the_first_token(
     req = body("qwen3", kwargs={"enable_thinking": False})
     msg = message(client, req)
     assert msg["reasoning_content"] == ""
-    assert msg["content"].startswith('{"name":"')
+    assert msg["content"].startswith('{"name": "')
     valid(msg["content"])
     assert streamed(client, req) == ("", msg["content"])
 
@@ -89,7 +89,7 @@ def test_enable_thinking_false_applies_the_grammar_from_the_first_token(
 def test_a_request_may_turn_reasoning_off(client: TestClient) -> None:
     msg = message(client, body("qwen3", reasoning=False))
     assert "reasoning_content" not in msg
-    assert msg["content"].startswith('{"name":"')
+    assert msg["content"].startswith('{"name": "')
     valid(msg["content"])
 
 

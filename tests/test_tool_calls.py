@@ -140,12 +140,12 @@ def call_text(name: str, arguments: str) -> str:
 
 
 def test_the_constraint_admits_exactly_valid_calls() -> None:
-    paris = call_text("get_weather", '{"city":"Paris","unit":"C"}')
-    tokyo = call_text("get_time", '{"zone":"JST"}')
+    paris = call_text("get_weather", '{"city": "Paris", "unit": "C"}')
+    tokyo = call_text("get_time", '{"zone": "JST"}')
     assert accepts({}, "Just text.")
     assert accepts({}, "Let me look.\n" + paris + " Done.")
-    assert not accepts({}, "x" + call_text("get_weather", '{"city":"Paris","unit":"K"}'))
-    assert not accepts({}, call_text("get_time", '{"zone":"tokyo"}'))  # pattern ^[A-Z]{3}$
+    assert not accepts({}, "x" + call_text("get_weather", '{"city": "Paris", "unit": "K"}'))
+    assert not accepts({}, call_text("get_time", '{"zone": "tokyo"}'))  # pattern ^[A-Z]{3}$
     assert not accepts({}, call_text("launch", "{}"))  # not an offered function
     required = {"tool_choice": "required"}
     assert not accepts(required, "Just text.")

@@ -28,7 +28,7 @@ from __future__ import annotations
 import heapq
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,12 +48,33 @@ WEIGHT = 3  # A* weight on the estimate (and on repeated bytes): prefer closing 
 # the output was cut in): completions need no escapes or new multi-byte characters (unless a
 # pattern demands them; then the search finds nothing).
 ALPHABET = frozenset(range(0x20, 0x7F)) - {ord("\\")} | frozenset(range(0x80, 0xC0))
+# Values of common string formats (hostname, date-time, date, time, email, uuid, IPv4, IPv6,
+# URI, duration), tried first when the output ends inside a string that neither a quote
+# nor a space may continue: a real value reads better than the shortest one (`user@example.com`
+# rather than `}@1`). A sample continues what the string holds (`2023-0` -> `2023-01-01`,
+# `jane.doe` -> `jane.doe@example.com`).
+FORMAT_SAMPLES = tuple(
+    sample.encode()
+    for sample in (
+        "example.com",  # first: a hostname grammar accepts dates too
+        "2000-01-01T12:00:00Z",
+        "2000-01-01",
+        "12:00:00Z",
+        "user@example.com",
+        "00000000-0000-4000-8000-000000000000",
+        "192.0.2.1",
+        "2001:db8::1",
+        "https://example.com/",
+        "P1D",
+    )
+)
 ITEM = re.compile(
     r"rule_id=(\d+), sequence_id=(\d+), element_id=(\d+), rule_start_pos=(-?\d+), "
     r"sub_element_id=(\d+)"
 )
 
 Item = tuple[int, int, int, int, int]
+Edge = tuple[int, bytes]  # a single-byte token and its byte
 Key = tuple[frozenset[Item], int, object]
 
 
@@ -75,7 +96,7 @@ class _Node:
     text: bytes
     lex: JsonLex | None
     matcher: xgr.GrammarMatcher | None = None
-    allowed: tuple[tuple[int, bytes], ...] = ()
+    allowed: tuple[Edge, ...] = ()
     items: frozenset[Item] = frozenset()
     run: int = 1
 
@@ -138,17 +159,53 @@ class Completer:
         large to search). `matcher` is left as it was."""
         if matcher.is_completed():
             return b""
+        lex = JsonLex.scan(text) if is_json else None
         try:
-            root = _Node(b"", JsonLex.scan(text) if is_json else None)
-            root.allowed = self._allowed(matcher)
-            first = _Budget(int(self.max_trials * BEST_FIRST), self.max_seconds * BEST_FIRST)
-            found = self._best_first(matcher, root, base=len(text), budget=first)
-            if found is not None:
-                return found
-            rest = _Budget(self.max_trials - first.used, self.max_seconds - first.elapsed())
-            return self._depth_first(matcher.fork(), root, base=len(text), budget=rest)
+            if lex is not None and lex.in_string and not lex.escaped:
+                sampled = self._sampled(matcher, text)
+                if sampled is not None:
+                    return sampled
+            return self._search(matcher, text=text, lex=lex, share=1.0)
         except SearchTooLarge:
             return None
+
+    def _search(
+        self, matcher: xgr.GrammarMatcher, *, text: bytes, lex: JsonLex | None, share: float
+    ) -> bytes | None:
+        """A* then depth-first, within `share` of the budget."""
+        root = _Node(b"", lex)
+        root.allowed = self._allowed(matcher, after=text[-1:])
+        trials, seconds = self.max_trials * share, self.max_seconds * share
+        first = _Budget(int(trials * BEST_FIRST), seconds * BEST_FIRST)
+        found = self._best_first(matcher, root, base=len(text), budget=first)
+        if found is not None:
+            return found
+        rest = _Budget(int(trials) - first.used, seconds - first.elapsed())
+        return self._depth_first(matcher.fork(), root, base=len(text), budget=rest)
+
+    def _sampled(self, matcher: xgr.GrammarMatcher, text: bytes) -> bytes | None:
+        """The rest of the first format sample that ends the open string (see
+        FORMAT_SAMPLES), then what completes the grammar after it; None when the string may
+        end or go on with a space here (free text), or no sample fits."""
+        if self._accepts(matcher.fork(), b'"') or self._accepts(matcher.fork(), b" "):
+            return None
+        for piece in _sample_pieces(written=len(text) - text.rfind(b'"') - 1):
+            fork = matcher.fork()
+            if self._accepts(fork, piece):
+                after = text + piece
+                if fork.is_completed():
+                    return piece
+                rest = self._search(fork, text=after, lex=JsonLex.scan(after), share=0.5)
+                return None if rest is None else piece + rest
+        return None
+
+    def _accepts(self, matcher: xgr.GrammarMatcher, data: bytes) -> bool:
+        """Feed `data` byte by byte; whether every byte was accepted."""
+        for byte in data:
+            token = self.byte_tokens.get(byte)
+            if token is None or not matcher.accept_token(token):
+                return False
+        return True
 
     def _best_first(
         self, matcher: xgr.GrammarMatcher, root: _Node, *, base: int, budget: _Budget
@@ -171,7 +228,7 @@ class Completer:
                 if child.run <= MAX_RUN and key not in seen:
                     seen.add(key)
                     child.matcher = node.matcher.fork()
-                    child.allowed = self._allowed(child.matcher)
+                    child.allowed = self._allowed(child.matcher, after=data)
                     if budget.expired():
                         return None
                     cost = len(child.text)
@@ -187,7 +244,7 @@ class Completer:
         back on the way up): longer completions, but it does not drown in alternatives
         when many required properties are still to be written."""
         path = [(root, iter(root.allowed))]
-        seen = {self._key(matcher, root, base, None)}
+        seen = {(self._key(matcher, root, base, None), 0)}
         while path:
             node, children = path[-1]
             for token, data in children:
@@ -197,10 +254,10 @@ class Completer:
                 if matcher.is_completed():
                     return node.text + data
                 child = node.child(data)
-                key = self._key(matcher, child, base, node)
+                key = (self._key(matcher, child, base, node), len(child.text))
                 if child.run <= MAX_RUN and key not in seen and len(child.text) < MAX_DEPTH:
                     seen.add(key)
-                    child.allowed = self._allowed(matcher)
+                    child.allowed = self._allowed(matcher, after=data)
                     if budget.expired():
                         return None
                     path.append((child, iter(child.allowed)))
@@ -225,11 +282,13 @@ class Completer:
         node.run = parent.run + 1 if parent is not None and parent.items == node.items else 1
         return node.items, node.run, node.lex.key if node.lex is not None else None
 
-    def _allowed(self, matcher: xgr.GrammarMatcher) -> tuple[tuple[int, bytes], ...]:
-        """The single-byte tokens the state allows, in search order."""
+    def _allowed(self, matcher: xgr.GrammarMatcher, *, after: bytes) -> tuple[Edge, ...]:
+        """The single-byte tokens the state allows, in search order; `after`: the byte
+        before (a digit decides between `0` and `1`, see `_lead`)."""
         matcher.fill_next_token_bitmask(self.mask)
         keep = np.flatnonzero((self.bits[self.words] >> self.shifts) & 1)
-        return tuple((self.ids[i], self.bytes_of[i]) for i in keep.tolist())
+        allowed = tuple((self.ids[i], self.bytes_of[i]) for i in keep.tolist())
+        return allowed if after.isdigit() else _lead(allowed)
 
 
 def parser_items(matcher: xgr.GrammarMatcher) -> list[Item]:
@@ -243,8 +302,34 @@ def parser_items(matcher: xgr.GrammarMatcher) -> list[Item]:
     return items
 
 
+def _sample_pieces(*, written: int) -> Iterator[bytes]:
+    """Endings of the open string to try, each with its closing quote: every sample's rest
+    after the `written` bytes the string holds, then the samples' tails that begin at
+    punctuation, longest first (`jane.doe` + `@example.com`)."""
+    for sample in FORMAT_SAMPLES:
+        if written < len(sample):
+            yield sample[written:] + b'"'
+    for sample in FORMAT_SAMPLES:
+        for k in range(1, len(sample)):
+            if k != written and not sample[k : k + 1].isalnum():
+                yield sample[k:] + b'"'
+
+
+def _lead(allowed: tuple[Edge, ...]) -> tuple[Edge, ...]:
+    """`allowed` with `1` tried before `0`: where a number, a year or an IPv4 part begins, a
+    leading zero is shortest but often wrong (year 0000, `000.000.000.0`); inside a number
+    `0` stays first (`1000`, `2000-01-01`)."""
+    data = [d for _, d in allowed]
+    if b"0" not in data or b"1" not in data:
+        return allowed
+    zero, one = data.index(b"0"), data.index(b"1")
+    edges = list(allowed)
+    edges[zero], edges[one] = edges[one], edges[zero]
+    return tuple(edges)
+
+
 def _order(byte: int) -> tuple[int, int]:
-    """Closing punctuation, then the digit 0 (the shortest value), then the rest: among
-    paths of equal cost the search prefers the one that closes soonest."""
-    first = b'"}]0'
+    """Closing punctuation, then the digits 0 and 1 (the shortest values), then the rest:
+    among paths of equal cost the search prefers the one that closes soonest."""
+    first = b'"}]01'
     return (0, first.index(byte)) if byte in first else (1, byte)

@@ -81,7 +81,8 @@ class Rewriter:
 
     def _jump(self, req: Req, state: RequestGrammar) -> int | None:
         """Append the forced text; how many trailing tokens were retokenized, or None.
-        Only unsent tokens whose KV the request owns (plus the one just sampled) may go."""
+        Only unsent tokens whose KV the request owns (plus the one just sampled) may go, and
+        none before a closing fallback's look (the fallback needs them as they were)."""
         if not self._jumping(req):
             return None
         forced = state.forced_text()
@@ -89,6 +90,8 @@ class Rewriter:
             return None
         out = req.output_ids
         floor = max(req.sent_len, state.start)  # never into the reasoning section
+        if state.closing.fallback is not None:  # nor before a closing fallback's look
+            floor = max(floor, state.closing.fallback.at)
         rollback = min(len(out) - floor, req.kv_len - req.cached_len + 1)
         tail = out[len(out) - rollback :] if rollback > 0 else []
         plan = self.retokenizer.plan(

@@ -18,7 +18,12 @@ import json
 from typing import Any
 
 from plait.backend.grammar.schema.lengths import lengths_into_pattern
-from plait.backend.grammar.schema.utils import ANNOTATIONS, pattern_shape, resolve_ref
+from plait.backend.grammar.schema.utils import (
+    ANNOTATIONS,
+    MAX_INTEGER_STEP,
+    pattern_shape,
+    resolve_ref,
+)
 
 COMBINATORS = ("allOf", "anyOf", "oneOf")
 MAP_KEYS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
@@ -51,6 +56,22 @@ NEVER = _Never()
 ANY_TEXT = "[\\s\\S]*"
 
 
+def _integral_steps(node: dict[str, Any]) -> None:
+    """A number with a whole `multipleOf` (5, 2.0) is an integer (JSON Schema counts 10.0 as
+    one): the type becomes integer, which xgrammar steps exactly up to MAX_INTEGER_STEP (in
+    place)."""
+    step, types = node.get("multipleOf"), node.get("type")
+    if not isinstance(step, (int, float)) or isinstance(step, bool):
+        return
+    if not 1 <= step <= MAX_INTEGER_STEP or step % 1 or "number" not in str(types):
+        return
+    node["multipleOf"] = int(step)
+    if types == "number":
+        node["type"] = "integer"
+    elif isinstance(types, list):
+        node["type"] = list(dict.fromkeys("integer" if t == "number" else t for t in types))
+
+
 def rewrite_schema(schema: Any) -> Any:
     """An equivalent schema with combinators merged with their sibling keywords."""
     if not isinstance(schema, dict):
@@ -72,6 +93,7 @@ class _Rewriter:
         self.steps += 1
         node = {key: self._child(key, value, depth=depth) for key, value in node.items()}
         _anchor_patterns(node)
+        _integral_steps(node)
         if "allOf" in node:
             node = self._flatten_all_of(node, depth)
         kinds = [k for k in COMBINATORS if k in node]

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+MAX_INTEGER_STEP = 1024  # xgrammar ignores a larger integer multipleOf
 ANNOTATIONS = frozenset(
     {
         "$schema",

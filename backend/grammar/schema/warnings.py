@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from plait.backend.grammar.schema.utils import (
     ANNOTATIONS,
+    MAX_INTEGER_STEP,
     disjoint,
     has_type,
     node_types,
@@ -61,6 +62,7 @@ TYPE_KEYWORDS = {
     "array": ("minItems", "maxItems"),
     "object": ("minProperties", "maxProperties"),
 }
+RANGE_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 LOOKAROUND = re.compile(r"\(\?<?[=!]")
 BOUNDED_THEN_OPTIONAL = re.compile(r"\{\d+(,\d*)?\}.*\)[?*]")
 
@@ -159,6 +161,10 @@ def _multiple_of(w: _Walker, node: dict[str, Any]) -> Iterator[Finding]:
     integral = node_types(node) == {"integer"} and isinstance(step, int)
     if not integral:
         yield "multipleOf", "loose", "only integer multipleOf on integer types is enforced"
+    elif not 0 < step <= MAX_INTEGER_STEP:
+        yield "multipleOf", "loose", f"ignored above {MAX_INTEGER_STEP}"
+    elif any(bound in node for bound in RANGE_KEYWORDS):
+        yield "multipleOf", "loose", "ignored beside minimum/maximum"
 
 
 def _combinators(w: _Walker, node: dict[str, Any]) -> Iterator[Finding]:
