@@ -18,7 +18,7 @@ import uvicorn
 
 from plait.backend.router.app import Background, create_router_app
 from plait.backend.router.config import POLICIES, RouterConfig, normalize_url
-from plait.backend.server.auth import API_KEY_ENV, gather_keys
+from plait.backend.server.auth import add_key_arguments, keys_from_namespace
 
 GRACEFUL_SHUTDOWN_S = 3
 POLICY_FIELDS = (
@@ -63,11 +63,7 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=30000)
-    parser.add_argument(
-        "--api-key", default=None,
-        help=f"require Bearer KEY (also ${API_KEY_ENV}, --api-key-file); used for own calls",
-    )  # fmt: skip
-    parser.add_argument("--api-key-file", default=None, help="accepted API keys, one per line")
+    add_key_arguments(parser, admin=False)  # the router also calls the workers with them
     parser.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"]
     )
@@ -83,7 +79,7 @@ def config_from_namespace(ns: argparse.Namespace) -> RouterConfig:
         workers=tuple(normalize_url(u) for u in ns.workers),
         host=ns.host,
         port=ns.port,
-        api_keys=gather_keys(key=ns.api_key, key_file=ns.api_key_file, env=API_KEY_ENV),
+        api_keys=keys_from_namespace(ns).api,
         log_level=ns.log_level,
         **policy_options(ns),  # type: ignore[arg-type]
     )

@@ -13,6 +13,7 @@ Keys are kept only as SHA-256 digests and compared as digests.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import os
 from collections.abc import Iterable
@@ -49,6 +50,33 @@ def gather_keys(*, key: str | None, key_file: str | None, env: str) -> tuple[str
     if os.environ.get(env):
         keys.append(os.environ[env])
     return tuple(dict.fromkeys(keys))
+
+
+def add_key_arguments(parser: argparse._ActionsContainer, *, admin: bool) -> None:
+    """The key flags (`--api-key`, `--api-key-file`, and with `admin` the admin pair) of every
+    command that serves HTTP; `keys_from_namespace` reads them back."""
+    parser.add_argument(
+        "--api-key", default=None,
+        help=f"require Authorization: Bearer KEY (also ${API_KEY_ENV}, --api-key-file)",
+    )  # fmt: skip
+    parser.add_argument("--api-key-file", default=None, help="accepted API keys, one per line")
+    if not admin:
+        return
+    parser.add_argument(
+        "--admin-api-key", default=None,
+        help=f"a key that may also abort any request (also ${ADMIN_KEY_ENV})",
+    )  # fmt: skip
+    parser.add_argument("--admin-api-key-file", default=None, help="admin keys, one per line")
+
+
+def keys_from_namespace(ns: argparse.Namespace) -> AccessKeys:
+    """The keys of `add_key_arguments`' flags, their files and the environment (admin keys
+    only where the command has the admin flags)."""
+    api = gather_keys(key=ns.api_key, key_file=ns.api_key_file, env=API_KEY_ENV)
+    if not hasattr(ns, "admin_api_key"):
+        return AccessKeys(api=api)
+    admin = gather_keys(key=ns.admin_api_key, key_file=ns.admin_api_key_file, env=ADMIN_KEY_ENV)
+    return AccessKeys(api=api, admin=admin)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ import uvicorn
 from plait.backend.config import EngineConfig
 from plait.backend.engine import Engine
 from plait.backend.server.app import ServerSettings, create_app
-from plait.backend.server.auth import ADMIN_KEY_ENV, API_KEY_ENV, AccessKeys, gather_keys
+from plait.backend.server.auth import AccessKeys, add_key_arguments, keys_from_namespace
 
 ALIASES = {"max_running_requests": "--max-running", "chunked_prefill_size": "--chunked-prefill"}
 HELP = {
@@ -95,16 +95,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _add_http_arguments(group: argparse._ArgumentGroup) -> None:
     defaults = ServerSettings()
-    group.add_argument(
-        "--api-key", default=None,
-        help=f"require Authorization: Bearer KEY (also ${API_KEY_ENV}, --api-key-file)",
-    )  # fmt: skip
-    group.add_argument("--api-key-file", default=None, help="accepted API keys, one per line")
-    group.add_argument(
-        "--admin-api-key", default=None,
-        help=f"a key that may also abort any request (also ${ADMIN_KEY_ENV})",
-    )  # fmt: skip
-    group.add_argument("--admin-api-key-file", default=None, help="admin keys, one per line")
+    add_key_arguments(group, admin=True)
     group.add_argument(
         "--max-body-bytes", type=int, default=defaults.max_body_bytes,
         help=f"largest request body; larger ones get 413 (default {defaults.max_body_bytes})",
@@ -145,10 +136,7 @@ def _flag_kind(hint: Any) -> dict[str, Any]:
 
 def args_from_namespace(ns: argparse.Namespace) -> ServerArgs:
     engine = {f.name: getattr(ns, f.name) for f in dataclasses.fields(EngineConfig)}
-    keys = AccessKeys(
-        api=gather_keys(key=ns.api_key, key_file=ns.api_key_file, env=API_KEY_ENV),
-        admin=gather_keys(key=ns.admin_api_key, key_file=ns.admin_api_key_file, env=ADMIN_KEY_ENV),
-    )
+    keys = keys_from_namespace(ns)
     settings = ServerSettings(
         model_name=ns.served_model_name,
         auth=keys.auth(),
