@@ -3,7 +3,9 @@ valid instances accepted, invalid ones rejected by the grammar matcher, no warni
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
 from typing import Any
 
 import jsonschema
@@ -60,6 +62,20 @@ def check(schema: dict[str, Any], values: list[Any]) -> None:
             {"type": "string", "pattern": "^[^x]+$", "maxLength": 3},
             ["é", "abc", "abcd", "axb"],  # (no escapes: xgrammar's patterns never match them)
         ),
+        # only a minLength: the counter stops at the bound, the DFA's language after it
+        (
+            {"type": "string", "pattern": "^[a-z]+$", "minLength": 3},
+            ["ab", "abc", "abcdefgh", "aBc"],
+        ),
+        (
+            {"type": "string", "pattern": "^(ab|c)*$", "minLength": 3},
+            ["ab", "abc", "cab", "ababab", "c", "ccc", "abca", ""],
+        ),
+        ({"type": "string", "pattern": "[0-9]", "minLength": 2}, ["1", "a1", "12", "ab", "x9y"]),
+        (
+            {"type": "string", "pattern": "^[A-Z][a-z]*( [A-Z][a-z]*)*$", "minLength": 5},
+            ["Ann", "Ann B", "Anna", "New York", "new York", "A B C"],
+        ),
     ],
 )
 def test_lengths_beside_a_pattern_are_enforced(schema: dict[str, Any], values: list[Any]) -> None:
@@ -110,3 +126,27 @@ def test_a_multiple_of_xgrammar_ignores_is_warned_about(step: float) -> None:
     assert [g.keyword for g in schema_gaps(rewritten)] == ["multipleOf"]
     if step == 2048:
         assert accepts({"type": "integer", "multipleOf": 2048}, 3)
+
+
+TOO_LARGE = {(6, "^[ab]*b[ab]$"), (6, "^(x|yz)+(0|1)*$")}  # branching products
+
+
+@pytest.mark.parametrize(
+    "pattern", ["^[a-z]+$", "^(ab|c)*$", "^[ab]*b[ab]$", "^(x|yz)+(0|1)*$", "^a*(bc)?d*$"]
+)
+@pytest.mark.parametrize("low", [0, 1, 3, 6])
+def test_a_minimum_length_expression_matches_exactly_what_it_should(pattern: str, low: int) -> None:
+    """The rewritten pattern (state elimination after the counter) against the definition,
+    on every string of up to 8 characters over the pattern's letters and one other."""
+    node = lengths_into_pattern({"type": "string", "pattern": pattern, "minLength": low})
+    letters = sorted({c for c in pattern if c.isalnum()}) + ["#"]
+    if "minLength" in node:  # the expansion passed MAX_REGEX_CHARS: left as is, warned
+        assert node["pattern"] == pattern and (low, pattern) in TOO_LARGE
+        assert "minLength" in {gap.keyword for gap in schema_gaps(node)}
+        return
+    rewritten = re.compile(node["pattern"])
+    for size in range(9):
+        for chars in itertools.product(letters, repeat=size):
+            text = "".join(chars)
+            expected = re.fullmatch(pattern[1:-1], text) is not None and size >= low
+            assert (rewritten.fullmatch(text) is not None) == expected, (text, node["pattern"])

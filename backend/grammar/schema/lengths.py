@@ -5,15 +5,19 @@ xgrammar applies a string's `pattern` and ignores its length bounds. The pattern
 
 - when every match already has a length inside the bounds, the bounds are implied and are
   dropped (`^[A-Z]{2}-[0-9]{4}$` with `maxLength: 7`);
-- otherwise, with a `maxLength`, the product of the DFA with a length counter is acyclic and
-  is written back as one regular expression (`^[a-z]+$`, 2..4 -> `^[a-z](?:[a-z](?:...)?)$`),
-  which replaces the pattern; the expression may not exceed `MAX_REGEX_CHARS` (a pattern
-  whose product branches too much keeps its length keywords, and their warning).
+- otherwise the product of the DFA with a length counter is written back as one regular
+  expression, which replaces the pattern. With a `maxLength` the product is acyclic
+  (`^[a-z]+$`, 2..4 -> `^[a-z](?:[a-z](?:...)?)$`); with only a `minLength` the counter stops
+  at the bound, and from there on the expression is the DFA's own language from the state
+  reached, found by state elimination (`^[a-z]+$`, 3.. -> `^[a-z][a-z][a-z](?:[a-z])*$`).
+  The expression may not exceed `MAX_REGEX_CHARS` (a pattern whose product branches too much
+  keeps its length keywords, and their warning).
 """
 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
@@ -23,7 +27,8 @@ from interegular.fsm import FSM, anything_else
 from plait.backend.grammar.schema.utils import pattern_shape
 
 MAX_REGEX_CHARS = 4000
-MAX_LENGTH_BOUND = 256  # a maxLength above this is not expanded into the pattern
+MAX_LENGTH_BOUND = 256  # a length bound above this is not expanded into the pattern
+MAX_ELIMINATED_STATES = 48  # DFAs larger than this keep an unbounded minLength (warned)
 LOOKAROUND = re.compile(r"\(\?<?[=!]")
 _CLASS_SPECIAL = set("\\]^-[")
 
@@ -37,7 +42,7 @@ def lengths_into_pattern(node: dict[str, Any]) -> dict[str, Any]:
     pattern, lo, hi = node.get("pattern"), node.get("minLength", 0), node.get("maxLength")
     if not isinstance(pattern, str) or "format" in node or not _bounds_ok(lo, hi):
         return node
-    if ("minLength" not in node and hi is None) or (hi is not None and hi > MAX_LENGTH_BOUND):
+    if ("minLength" not in node and hi is None) or max(lo, hi or 0) > MAX_LENGTH_BOUND:
         return node
     fsm = _dfa(pattern)
     if fsm is None:
@@ -47,8 +52,6 @@ def lengths_into_pattern(node: dict[str, Any]) -> dict[str, Any]:
     fits_above = shortest is not None and lo <= shortest
     if fits_above and (hi is None or (longest is not None and longest <= hi)):
         return rest  # every match has an allowed length
-    if hi is None:
-        return node
     try:
         body = _Product(fsm, lo, hi).expression(fsm.initial, 0)
     except (_TooLarge, RecursionError):
@@ -126,9 +129,10 @@ def _longest(
 
 
 class _Product:
-    """The DFA times a length counter (lengths lo..hi), written as a regular expression."""
+    """The DFA times a length counter (lengths lo..hi; hi None: unbounded), written as a
+    regular expression."""
 
-    def __init__(self, fsm: FSM, lo: int, hi: int) -> None:
+    def __init__(self, fsm: FSM, lo: int, hi: int | None) -> None:
         self.fsm, self.lo, self.hi = fsm, lo, hi
         self.live = _live_states(fsm)
         self.explicit = {c for c in fsm.alphabet if c is not anything_else}
@@ -143,10 +147,13 @@ class _Product:
         return self.memo[key]
 
     def _build(self, state: Any, length: int) -> str | None:
+        if self.hi is None and length == self.lo:
+            return self._language(state)
         ends = state in self.fsm.finals and length >= self.lo
         parts = []
         for target, chars in self._moves(state).items():
-            rest = self.expression(target, length + 1) if length < self.hi else None
+            below = self.hi is None or length < self.hi
+            rest = self.expression(target, length + 1) if below else None
             if rest is not None:
                 parts.append(_char_class(chars, self.explicit) + rest)
         if sum(map(len, parts)) > MAX_REGEX_CHARS:
@@ -155,6 +162,30 @@ class _Product:
             return "" if ends else None
         body = parts[0] if len(parts) == 1 else "(?:" + "|".join(parts) + ")"
         return f"(?:{body})?" if ends else body
+
+    def _language(self, state: Any) -> str | None:
+        """The DFA's language from `state` by state elimination: edges between live states
+        (plus a start and an end), each state removed in turn by joining its ins to its outs
+        through its loop."""
+        if len(self.live) > MAX_ELIMINATED_STATES:
+            raise _TooLarge
+        edges: dict[tuple[Any, Any], str] = {(_START, state): ""}
+        for source in self.live:
+            if source in self.fsm.finals:
+                edges[(source, _END)] = ""
+            for target, chars in self._moves(source).items():
+                edges[(source, target)] = _char_class(chars, self.explicit)
+        degree = Counter(end for edge in edges for end in edge)
+        for k in sorted(self.live, key=degree.__getitem__):  # fewest edges first
+            loop = edges.pop((k, k), None)
+            star = f"(?:{loop})*" if loop else ""
+            ins = [(i, r) for (i, j), r in edges.items() if j == k]
+            outs = [(j, r) for (i, j), r in edges.items() if i == k]
+            edges = {e: r for e, r in edges.items() if k not in e}
+            for i, first in ins:
+                for j, last in outs:
+                    _union(edges, (i, j), first + star + last)
+        return edges.get((_START, _END))
 
     def _moves(self, state: Any) -> dict[int, list[Any]]:
         """Target -> the characters (or anything_else) leading there."""
@@ -165,6 +196,23 @@ class _Product:
             if target is not None and target in self.live:
                 by_target.setdefault(target, []).append(char)
         return by_target
+
+
+_START, _END = object(), object()  # the state-elimination graph's own ends
+
+
+def _union(edges: dict[tuple[Any, Any], str], edge: tuple[Any, Any], expr: str) -> None:
+    """Add `expr` as an alternative on `edge`; too long an expression ends the rewrite."""
+    old = edges.get(edge)
+    if old is None or old == expr:
+        joined = expr
+    elif "" in (old, expr):
+        joined = f"(?:{old or expr})?"
+    else:
+        joined = f"(?:{old}|{expr})"
+    if len(joined) > MAX_REGEX_CHARS:
+        raise _TooLarge
+    edges[edge] = joined
 
 
 def _char_class(chars: Iterable[Any], explicit: set[str]) -> str:
