@@ -150,3 +150,15 @@ def test_a_minimum_length_expression_matches_exactly_what_it_should(pattern: str
             text = "".join(chars)
             expected = re.fullmatch(pattern[1:-1], text) is not None and size >= low
             assert (rewritten.fullmatch(text) is not None) == expected, (text, node["pattern"])
+
+
+def test_ipv4_is_written_as_a_pattern_without_leading_zeros() -> None:
+    """xgrammar's ipv4 grammar accepts `010.0.0.1`, which an IPv4 parser rejects: the format
+    becomes a pattern that agrees with the format checker."""
+    schema = {"type": "string", "format": "ipv4"}
+    validator = jsonschema.Draft202012Validator(
+        schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER
+    )
+    for value in ("1.2.3.4", "010.0.0.1", "255.255.255.255", "256.1.1.1", "0.0.0.0", "1.2.3"):
+        assert accepts(schema, value) == validator.is_valid(value), value
+    assert not schema_gaps(rewrite_schema(schema))

@@ -56,6 +56,21 @@ NEVER = _Never()
 ANY_TEXT = "[\\s\\S]*"
 
 
+# Formats whose xgrammar grammar accepts more than the format: written as patterns instead
+# (xgrammar's ipv4 allows leading zeros, `010.0.0.1`, which an IPv4 parser rejects).
+_OCTET = "(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+FORMAT_PATTERNS = {"ipv4": f"^{_OCTET}(?:\\.{_OCTET}){{3}}$"}
+
+
+def _format_patterns(node: dict[str, Any]) -> None:
+    """A string's `format` in FORMAT_PATTERNS, without a pattern of its own, becomes that
+    pattern (in place)."""
+    fmt = node.get("format")
+    if node.get("type") == "string" and fmt in FORMAT_PATTERNS and "pattern" not in node:
+        del node["format"]
+        node["pattern"] = FORMAT_PATTERNS[fmt]
+
+
 def _integral_steps(node: dict[str, Any]) -> None:
     """A number with a whole `multipleOf` (5, 2.0) is an integer (JSON Schema counts 10.0 as
     one): the type becomes integer, which xgrammar steps exactly up to MAX_INTEGER_STEP (in
@@ -94,6 +109,7 @@ class _Rewriter:
         node = {key: self._child(key, value, depth=depth) for key, value in node.items()}
         _anchor_patterns(node)
         _integral_steps(node)
+        _format_patterns(node)
         if "allOf" in node:
             node = self._flatten_all_of(node, depth)
         kinds = [k for k in COMBINATORS if k in node]
