@@ -1,12 +1,15 @@
 """plait against llama.cpp on the real model, on the CPU, at 1 and 2 threads.
 
-    python -m benchmarks.cpu_peers [--quick] [--threads 1,2] [--reps 3]
+    python -m benchmarks.cpu_peers [--quick] [--threads 1,2] [--reps 3] [--warmup 1]
 
 Both systems read the same GGUF file (`smollm2-135m`, SmolLM2-135M-Instruct Q4_1) and get the
 same token ids (rendered with plait's tokenizer and chat template). One worker process per
 (system, thread count) keeps its model loaded; the workers run each measurement in rotation,
-the order reversed every repetition, and the table gives medians. plait runs with its
-defaults (quantized weights); llama.cpp as its users run it (see `peers/llama_cpp_peer.py`).
+the order reversed every repetition, and the table gives medians. A first rotation is not
+recorded (`--warmup 1`): it pays for what a steady user pays once (plait's grammar compile
+and its compile worker's start, the first use of each kernel, llama.cpp's first allocations).
+plait runs with its defaults (quantized weights); llama.cpp as its users run it (see
+`peers/llama_cpp_peer.py`).
 
 - decode: one request, 128 greedy tokens (`Engine.generate` / `create_completion`);
 - prefill: a 1,000-token prompt, 1 token out, cold cache (plait flushed, llama.cpp reset);
@@ -174,18 +177,21 @@ def start(kind: str, threads: int) -> Connection:
     return parent
 
 
-def measure(threads: list[int], reps: int, quick: bool) -> dict[str, dict[str, list[float]]]:
-    """seconds[job][worker] over `reps` rotations."""
+def measure(
+    threads: list[int], reps: int, quick: bool, warmup: int = 1
+) -> dict[str, dict[str, list[float]]]:
+    """seconds[job][worker] over `reps` rotations, after `warmup` unrecorded ones."""
     todo = jobs(quick)
     workers = {f"{k} T={t}": start(k, t) for t in threads for k in ("plait", "llama.cpp")}
     seconds: dict[str, dict[str, list[float]]] = {j.name: {w: [] for w in workers} for j in todo}
-    for rep in range(reps):
+    for rep in range(-warmup, reps):
         order = list(workers) if rep % 2 == 0 else list(reversed(workers))
         for job in todo:
             for name in order:
                 workers[name].send(job)
                 secs, _ = workers[name].recv()
-                seconds[job.name][name].append(secs)
+                if rep >= 0:
+                    seconds[job.name][name].append(secs)
     for conn in workers.values():
         conn.send(None)
     return seconds
@@ -219,14 +225,16 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--reps", type=int, default=None)
+    parser.add_argument("--warmup", type=int, default=1, help="unrecorded rotations first")
     args = parser.parse_args()
     threads = [int(t) for t in args.threads.split(",")]
     reps = args.reps or (1 if args.quick else 3)
     load = os.getloadavg()
-    seconds = measure(threads, reps, args.quick)
+    seconds = measure(threads, reps, args.quick, args.warmup)
     text = report(seconds, threads, args.quick)
     print(text)
     write_results("cpu_peers", {"seconds": seconds, "threads": threads, "reps": reps,
+                                "warmup": args.warmup,
                                 "load_avg_before": load, "load_avg_after": os.getloadavg(),
                                 "table": text, "quick": args.quick})  # fmt: skip
 
