@@ -176,6 +176,26 @@ def test_the_grammar_waits_for_the_end_of_the_reasoning(
         assert req.finished is not None and req.finished.kind == "error"
 
 
+def test_drafts_are_refused_inside_the_reasoning_and_walked_after_it(
+    tokenizer: PreTrainedTokenizerBase,  # noqa: F811
+) -> None:
+    """A draft the JSON grammar would accept gets no masks while the reasoning is open (they
+    would force JSON onto free reasoning tokens), and is walked once the reasoning closed."""
+    draft = tokenizer.encode('{"name', add_special_tokens=False)
+    with backend(tokenizer, reasoning_parser="qwen3", grammar_workers=1) as hooks:
+        req = request("r", json_schema=SCHEMA)
+        hooks.submit(req)
+        assert wait_ready(hooks, [req])[0] == [req]
+        feed(hooks, req, [A, A])
+        n, mask = hooks.draft_masks(req, draft)
+        assert n == 0 and mask.shape[0] == 1 and bool((mask == -1).all())  # nothing masked
+        feed(hooks, req, [*MARKER, 32])  # "</think>": the grammar starts now
+        n, mask = hooks.draft_masks(req, draft)
+        assert n == len(draft) and mask.shape[0] == n + 1
+        assert not (int(mask[0, A // 32]) >> (A % 32)) & 1  # row 0 is JSON's first mask
+        assert not req.grammar.waiting and req.finished is None  # the walk was rolled back
+
+
 def test_a_closed_reasoning_in_the_prompt_applies_the_grammar_at_once(
     tokenizer: PreTrainedTokenizerBase,  # noqa: F811
 ) -> None:
