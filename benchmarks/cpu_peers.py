@@ -178,7 +178,7 @@ def start(kind: str, threads: int) -> Connection:
 
 
 def measure(
-    threads: list[int], reps: int, quick: bool, warmup: int = 1
+    threads: list[int], reps: int, quick: bool, *, warmup: int
 ) -> dict[str, dict[str, list[float]]]:
     """seconds[job][worker] over `reps` rotations, after `warmup` unrecorded ones."""
     todo = jobs(quick)
@@ -230,7 +230,7 @@ def main() -> None:
     threads = [int(t) for t in args.threads.split(",")]
     reps = args.reps or (1 if args.quick else 3)
     load = os.getloadavg()
-    seconds = measure(threads, reps, args.quick, args.warmup)
+    seconds = measure(threads, reps, args.quick, warmup=args.warmup)
     text = report(seconds, threads, args.quick)
     print(text)
     write_results("cpu_peers", {"seconds": seconds, "threads": threads, "reps": reps,

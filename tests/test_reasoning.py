@@ -193,7 +193,8 @@ def test_drafts_are_refused_inside_the_reasoning_and_walked_after_it(
         n, mask = hooks.draft_masks(req, draft)
         assert n == len(draft) and mask.shape[0] == n + 1
         assert not (int(mask[0, A // 32]) >> (A % 32)) & 1  # row 0 is JSON's first mask
-        assert not req.grammar.waiting and req.finished is None  # the walk was rolled back
+        feed(hooks, req, [93])  # "{" is still the grammar's next token: the walk was undone
+        assert not req.grammar.waiting and req.finished is None
 
 
 def test_a_closed_reasoning_in_the_prompt_applies_the_grammar_at_once(
