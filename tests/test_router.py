@@ -7,6 +7,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -245,6 +246,48 @@ def test_an_unreachable_worker_is_skipped_and_its_requests_retried(
         assert info[nobody]["healthy"] is False and info[nobody]["retried"] == 1
     finally:
         rt.close()
+
+
+class HeadersThenDeath:
+    """A worker that answers each request with 200 headers and a Content-Length, then closes
+    the connection before the body: one killed between the two writes."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.answered = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                             b"content-length: 242\r\n\r\n")  # fmt: skip
+                self.answered += 1
+
+
+def test_a_worker_that_dies_between_headers_and_body_is_retried(
+    workers: list[Runtime],
+) -> None:
+    dying = HeadersThenDeath()
+    rt = RouterThread([dying.url, workers[0].url], policy="round_robin")
+    try:
+        rt.server.config.app.state.router.pool[dying.url].healthy = True  # type: ignore[attr-defined]
+        answers = [generate(rt.url, f"text {i}") for i in range(4)]
+        assert [a.status_code for a in answers] == [200] * 4
+        assert {a.headers[WORKER] for a in answers} == {workers[0].url}
+        assert all(a.json()["meta_info"]["completion_tokens"] > 0 for a in answers)
+        info = {w["url"]: w for w in httpx.get(rt.url + "/workers").json()["workers"]}
+        assert dying.answered >= 1 and info[dying.url]["retried"] >= 1
+        assert info[dying.url]["healthy"] is False
+    finally:
+        rt.close()
+        dying.sock.close()
 
 
 def test_a_client_that_leaves_aborts_its_request_on_the_worker(

@@ -2,10 +2,12 @@
 or to every worker; the answer passed back as it arrives.
 
 A request is retried on another worker when the worker never answered it: the connection
-failed, the worker closed it without a response (it died), or it answered 503 (its runtime
-is gone or shutting down). Once a response began, its bytes are passed through unchanged and
-nothing is replayed: a stream cut short by a dying worker ends with an error event and
-`data: [DONE]` (server-sent events) or a dropped connection (any other body).
+failed, the worker closed it without a whole response (it died, possibly between the headers
+and the body), or it answered 503 (its runtime is gone or shutting down). Answers other than
+server-sent events are read whole before the client sees any of them (they are written at
+once when the work is done), so such a break is still retried. A stream is passed through as
+it arrives and never replayed: one cut short by a dying worker ends with an error event and
+`data: [DONE]`.
 """
 
 from __future__ import annotations
@@ -122,11 +124,20 @@ class Proxy:
             if upstream is None:
                 worker.in_flight -= 1
                 return Response(status_code=CLIENT_GONE)
-            if upstream.status_code != UNAVAILABLE:
+            if upstream.status_code != UNAVAILABLE and _is_stream(upstream):
                 return self._relay(upstream, worker)
-            refusal = await _buffered(upstream, worker)
-            worker.in_flight -= 1
-            self._not_started(worker, "it answered 503")
+            try:
+                answer = await _buffered(upstream, worker)
+            except httpx.HTTPError as exc:
+                answer, reason = None, f"its answer broke off: {exc!r}"
+            else:
+                reason = "it answered 503"
+            finally:
+                worker.in_flight -= 1
+            if answer is not None and answer.status_code != UNAVAILABLE:
+                return answer
+            refusal = answer or refusal
+            self._not_started(worker, reason)
             tried |= {worker.url}
         return refusal or error_response(UNAVAILABLE, _no_worker_message(tried))
 
@@ -152,8 +163,7 @@ class Proxy:
         return None if send.cancelled() else send.result()
 
     def _relay(self, upstream: httpx.Response, worker: Worker) -> Response:
-        """Stream the worker's answer back as it arrives (status and headers unchanged)."""
-        sse = upstream.headers.get("content-type", "").startswith("text/event-stream")
+        """Stream the worker's events back as they arrive (status and headers unchanged)."""
         released = False
 
         async def release() -> None:  # once, whether or not the body was ever read
@@ -169,9 +179,7 @@ class Proxy:
                     yield chunk
             except httpx.HTTPError as exc:
                 worker.failures += 1
-                log.warning("response from %s broke off: %r", worker.url, exc)
-                if not sse:
-                    raise
+                log.warning("stream from %s broke off: %r", worker.url, exc)
                 yield _sse_error(f"worker {worker.url} failed during the response: {exc!r}")
             finally:
                 await release()
@@ -210,6 +218,10 @@ class Proxy:
             worker.failures += 1
             raise
         return await _buffered(upstream, worker)
+
+
+def _is_stream(upstream: httpx.Response) -> bool:
+    return upstream.headers.get("content-type", "").startswith("text/event-stream")
 
 
 async def _buffered(upstream: httpx.Response, worker: Worker) -> Response:
