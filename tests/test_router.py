@@ -5,6 +5,7 @@ health and metrics, a dead worker, and a clean shutdown without orphans."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import os
 import signal
 import socket
@@ -249,13 +250,14 @@ def test_an_unreachable_worker_is_skipped_and_its_requests_retried(
 
 
 class HeadersThenDeath:
-    """A worker that answers each request with 200 headers and a Content-Length, then closes
-    the connection before the body: one killed between the two writes."""
+    """A worker that is healthy until its first POST, which it answers with 200 headers and a
+    Content-Length, then closes before the body: one killed between the two writes. From then
+    on it closes every connection unanswered (dead)."""
 
     def __init__(self) -> None:
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.answered = 0
+        self.posts = 0
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self) -> None:
@@ -265,10 +267,20 @@ class HeadersThenDeath:
             except OSError:
                 return
             with conn:
-                conn.recv(65536)
-                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                             b"content-length: 242\r\n\r\n")  # fmt: skip
-                self.answered += 1
+                request = conn.recv(65536)
+                if self.posts:
+                    continue
+                if request.startswith(b"POST"):
+                    self.posts += 1
+                    conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                                 b"content-length: 242\r\n\r\n")  # fmt: skip
+                else:
+                    conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
 
 
 def test_a_worker_that_dies_between_headers_and_body_is_retried(
@@ -277,17 +289,17 @@ def test_a_worker_that_dies_between_headers_and_body_is_retried(
     dying = HeadersThenDeath()
     rt = RouterThread([dying.url, workers[0].url], policy="round_robin")
     try:
-        rt.server.config.app.state.router.pool[dying.url].healthy = True  # type: ignore[attr-defined]
+        assert wait_until(lambda: counters(rt.url, "healthy")[dying.url], 30)
         answers = [generate(rt.url, f"text {i}") for i in range(4)]
         assert [a.status_code for a in answers] == [200] * 4
         assert {a.headers[WORKER] for a in answers} == {workers[0].url}
         assert all(a.json()["meta_info"]["completion_tokens"] > 0 for a in answers)
+        assert dying.posts == 1  # one request reached it and was answered elsewhere
         info = {w["url"]: w for w in httpx.get(rt.url + "/workers").json()["workers"]}
-        assert dying.answered >= 1 and info[dying.url]["retried"] >= 1
-        assert info[dying.url]["healthy"] is False
+        assert info[dying.url]["retried"] == 1 and info[dying.url]["healthy"] is False
     finally:
         rt.close()
-        dying.sock.close()
+        dying.close()
 
 
 def test_a_client_that_leaves_aborts_its_request_on_the_worker(

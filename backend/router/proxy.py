@@ -1,5 +1,5 @@
-"""Forwarding: one request to a chosen worker (retried elsewhere while it has not started),
-or to every worker; the answer passed back as it arrives.
+"""Forwarding: one request to a chosen worker (retried elsewhere until one answers it whole),
+or to every worker; streams passed back as they arrive.
 
 A request is retried on another worker when the worker never answered it: the connection
 failed, the worker closed it without a whole response (it died, possibly between the headers
@@ -145,7 +145,7 @@ class Proxy:
         worker.failures += 1
         worker.retried += 1
         self.pool.mark_unreachable(worker, reason)
-        log.warning("request not started on %s (%s): trying another worker", worker.url, reason)
+        log.warning("no whole answer from %s (%s): trying another worker", worker.url, reason)
 
     async def _send(self, request: Request, fwd: Forward, worker: Worker) -> httpx.Response | None:
         """The worker's response headers (body not read); None if the client left first
@@ -225,8 +225,9 @@ def _is_stream(upstream: httpx.Response) -> bool:
 
 
 async def _buffered(upstream: httpx.Response, worker: Worker) -> Response:
+    """The whole answer, its bytes as sent (any content-encoding kept, like its header)."""
     try:
-        content = await upstream.aread()
+        content = b"".join([chunk async for chunk in upstream.aiter_raw()])
     finally:
         await upstream.aclose()
     return Response(content, upstream.status_code, headers=_relayed_headers(upstream, worker))

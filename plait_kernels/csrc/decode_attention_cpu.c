@@ -4,13 +4,16 @@
  * its positions [start[b], seq[b]), whose KV slots are table[rows[b] * table_stride + pos]; the
  * pool is [S, Hkv, D] (fp32 or bf16), query head h reads kv head h / (Hq / Hkv). Per request
  * the scores of each query head go to a scratch buffer, then the softmax, then the value sums.
- * An fp32 pool with D a multiple of 16 takes the vector path (16 scores per transpose-and-add
- * tree, outputs in registers: 2.3x the scalar loops at batch 16 x 1,040 positions); other
- * pools the scalar loops, which read each K row once for all query heads. Nothing is gathered
- * or copied: the torch path gathers the same rows into temporaries first. Slot ids outside the pool fail the call (-2) rather than read past it. A call computes
- * the query heads of kv heads [kv_lo, kv_hi) only (the decode step, decode_step_cpu.c, splits a
- * request's heads over threads) and leaves the other heads' outputs as they are. The entry
- * points are cloned per ISA (PLAIT_CLONES, plait_kernels.h). */
+ * On an x86-64 CPU with AVX-512, an fp32 pool with D in 16, 32, ..., 256 takes the vector path
+ * (16 scores per transpose-and-add tree, outputs in registers: 2.3x the scalar loops at batch
+ * 16 x 1,040 positions); elsewhere the scalar loops, which read each K row once for all query
+ * heads (GCC splits 16-float shuffles into single elements below AVX-512, which made the
+ * vector path 2.7x slower than them on AVX2). Nothing is gathered or copied: the torch path
+ * gathers the same rows into temporaries first. Slot ids outside the pool fail the call (-2)
+ * rather than read past it. A call computes the query heads of kv heads [kv_lo, kv_hi) only
+ * (the decode step, decode_step_cpu.c, splits a request's heads over threads) and leaves the
+ * other heads' outputs as they are. The entry points are cloned per ISA (PLAIT_CLONES,
+ * plait_kernels.h). */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -18,11 +21,6 @@
 
 #include "plait_kernels.h"
 
-#if defined(__GNUC__) && !defined(__clang__)
-/* The 16-float vectors below never cross a call (every helper is inlined), so the ABI note
- * GCC prints for them in the non-AVX-512 clones does not apply. */
-#pragma GCC diagnostic ignored "-Wpsabi"
-#endif
 
 PLAIT_INLINE float bf16_to_f32(uint16_t x) {
     uint32_t bits = (uint32_t)x << 16;
@@ -83,11 +81,26 @@ static float *score_buffer(size_t n) {
  * the horizontal sums cost a few operations per score instead of a reduction each. The value
  * sums keep the head's output in registers across all positions. A score is computed the
  * same way whatever the batch (it depends on its position's place in the request's span). */
-typedef float v16f __attribute__((vector_size(64)));
-typedef int32_t v16i __attribute__((vector_size(64)));
 enum { LANES = 16, MAX_CHUNKS = 16 };
 
-PLAIT_INLINE v16f load16(const float *p) {
+#if defined(__x86_64__) && defined(__GNUC__)
+/* The vector path is compiled for AVX-512 only (vec_one and its helpers) and taken where the
+ * CPU has it; vec_one's arguments are pointers and scalars. */
+#define VEC_PATH 1
+#define VEC_ISA "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma"
+#define VEC_TARGET __attribute__((target(VEC_ISA), noinline))
+#define VEC_INLINE static inline __attribute__((always_inline, target(VEC_ISA)))
+#define VEC_AVAILABLE() __builtin_cpu_supports("avx512f")
+#else
+#define VEC_PATH 0
+#define VEC_AVAILABLE() 0
+#endif
+
+#if VEC_PATH
+typedef float v16f __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+
+VEC_INLINE v16f load16(const float *p) {
     v16f r;
     memcpy(&r, p, sizeof r);
     return r;
@@ -118,7 +131,7 @@ PLAIT_INLINE v16f load16(const float *p) {
 /* Lane i of the result is the sum of the lanes of v[BITREV[i]] (the tree's output order). */
 static const int BITREV[LANES] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
 
-PLAIT_INLINE v16f lane_sums16(const v16f *v) {
+VEC_INLINE v16f lane_sums16(const v16f *v) {
     v16f a[8], b[4], c[2];
     for (int i = 0; i < 8; ++i) a[i] = HALF_SUMS(v[2 * i], v[2 * i + 1], W8_LO, W8_HI);
     for (int i = 0; i < 4; ++i) b[i] = HALF_SUMS(a[2 * i], a[2 * i + 1], W4_LO, W4_HI);
@@ -126,14 +139,14 @@ PLAIT_INLINE v16f lane_sums16(const v16f *v) {
     return HALF_SUMS(c[0], c[1], W1_LO, W1_HI);
 }
 
-PLAIT_INLINE v16f partial_dot(const v16f *qv, const float *kr, int nc) {
+VEC_INLINE v16f partial_dot(const v16f *qv, const float *kr, int nc) {
     v16f a = qv[0] * load16(kr);
     for (int c = 1; c < nc; ++c) a += qv[c] * load16(kr + c * LANES);
     return a;
 }
 
 /* scale * q.k for one head over the span; `off` is the head's kv head offset in a row. */
-PLAIT_INLINE void head_scores(const float *q, const float *k, const int32_t *slots, int64_t span,
+VEC_INLINE void head_scores(const float *q, const float *k, const int32_t *slots, int64_t span,
                               int64_t row, int64_t off, int nc, float scale, float *s) {
     v16f qv[MAX_CHUNKS], acc[LANES];
     for (int c = 0; c < nc; ++c) qv[c] = load16(q + c * LANES);
@@ -154,7 +167,7 @@ PLAIT_INLINE void head_scores(const float *q, const float *k, const int32_t *slo
 }
 
 /* out = sum over the span of p[t] * v_t for one head, the output held in registers. */
-PLAIT_INLINE void head_values(const float *p, const float *v, const int32_t *slots, int64_t span,
+VEC_INLINE void head_values(const float *p, const float *v, const int32_t *slots, int64_t span,
                               int64_t row, int64_t off, int nc, float *out) {
     v16f acc[MAX_CHUNKS];
     for (int c = 0; c < nc; ++c) acc[c] = (v16f){0};
@@ -166,7 +179,7 @@ PLAIT_INLINE void head_values(const float *p, const float *v, const int32_t *slo
     for (int c = 0; c < nc; ++c) STORE16(out + c * LANES, acc[c]);
 }
 
-PLAIT_INLINE void vec_one_nc(const float *q, const float *k, const float *v, const int32_t *slots,
+VEC_INLINE void vec_one_nc(const float *q, const float *k, const float *v, const int32_t *slots,
                              int64_t span, int64_t hq, int64_t hkv, int64_t h0, int64_t h1,
                              float scale, float *scores, float *out, float *lse, int nc) {
     int64_t d = nc * LANES, group = hq / hkv, row = hkv * d;
@@ -178,7 +191,7 @@ PLAIT_INLINE void vec_one_nc(const float *q, const float *k, const float *v, con
 }
 
 /* The vector path, with the chunk count a constant in each branch (registers, unrolling). */
-PLAIT_INLINE void vec_one(const float *q, const float *k, const float *v, const int32_t *slots,
+VEC_TARGET static void vec_one(const float *q, const float *k, const float *v, const int32_t *slots,
                           int64_t span, int64_t hq, int64_t hkv, int64_t d, int64_t h0,
                           int64_t h1, float scale, float *scores, float *out, float *lse) {
     switch (d / LANES) {
@@ -187,6 +200,15 @@ PLAIT_INLINE void vec_one(const float *q, const float *k, const float *v, const 
     default: vec_one_nc(q, k, v, slots, span, hq, hkv, h0, h1, scale, scores, out, lse, (int)(d / LANES));
     }
 }
+
+#else
+static void vec_one(const float *q, const float *k, const float *v, const int32_t *slots,
+                    int64_t span, int64_t hq, int64_t hkv, int64_t d, int64_t h0, int64_t h1,
+                    float scale, float *scores, float *out, float *lse) {
+    (void)q, (void)k, (void)v, (void)slots, (void)span, (void)hq, (void)hkv, (void)d;
+    (void)h0, (void)h1, (void)scale, (void)scores, (void)out, (void)lse;
+}
+#endif
 
 /* Query heads [h0, h1) of one request (the kv heads they read are whole): each head's scores,
  * softmax and output are computed the same way whatever range it is run in. */
@@ -235,6 +257,7 @@ PLAIT_INLINE void vec_one(const float *q, const float *k, const float *v, const 
             if (seq[b] - start[b] > max_span) max_span = seq[b] - start[b];                    \
         float *scores = score_buffer((size_t)(hq * max_span));                                 \
         if (scores == NULL) return -1;                                                         \
+        int vec = VEC && VEC_PATH && d >= LANES && d <= LANES * MAX_CHUNKS && VEC_AVAILABLE(); \
         for (int64_t b = 0; b < batch; ++b) {                                                  \
             int64_t span = seq[b] - start[b];                                                  \
             float *ob = out + b * hq * d, *lb = lse + b * hq;                                  \
@@ -248,7 +271,7 @@ PLAIT_INLINE void vec_one(const float *q, const float *k, const float *v, const 
                 if (slots[t] < 0 || slots[t] >= num_slots) {                                   \
                     return -2;                                                                 \
                 }                                                                              \
-            if (VEC && d % LANES == 0 && d <= LANES * MAX_CHUNKS)                              \
+            if (vec && d % LANES == 0)                                                         \
                 vec_one((const float *)q + b * hq * d, (const float *)k, (const float *)v, slots, \
                         span, hq, hkv, d, h0, h1, scale, scores, ob, lb);                      \
             else                                                                               \
