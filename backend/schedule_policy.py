@@ -48,6 +48,32 @@ class SchedulePolicy:
         return out
 
 
+# A waiting request whose next uncached tokens start like those of a request admitted in the
+# same step waits one step, then reads them from the cache instead of computing them again:
+# when they share SHARED_KEY_LENGTHS[-1] tokens, or at least half of its uncached prompt (but
+# never fewer than SHARED_KEY_LENGTHS[0]). Bursts of prompts on one template (a system prompt,
+# a few words apart) share most of their tokens and no 32 of them uncached.
+SHARED_KEY_LENGTHS = (16, 24, 32)
+
+PrefixKey = tuple[int, tuple[int, ...]]
+
+
+def prefix_keys(req: Req, cached: int) -> list[PrefixKey]:
+    """(cached length, the next L tokens) for each L of SHARED_KEY_LENGTHS."""
+    ids = req.ids(cached, cached + SHARED_KEY_LENGTHS[-1])
+    return [(cached, tuple(ids[:n])) for n in SHARED_KEY_LENGTHS]
+
+
+def deciding_key(keys: list[PrefixKey], uncached: int) -> PrefixKey:
+    """The key whose match is worth a step's wait for a request with `uncached` tokens to
+    compute: the shortest at least half of them (the longest when none is)."""
+    half = (uncached + 1) // 2
+    for n, key in zip(SHARED_KEY_LENGTHS, keys, strict=True):
+        if n >= half:
+            return key
+    return keys[-1]
+
+
 @dataclass
 class AdmissionPlan:
     """Running totals while one step admits requests: prefill token budget left, KV tokens
@@ -57,11 +83,15 @@ class AdmissionPlan:
     planned: int
     future: int
     admitted: list[Req] = field(default_factory=list)
-    prefix_keys: set[tuple[int, tuple[int, ...]]] = field(default_factory=set)
+    prefix_keys: set[PrefixKey] = field(default_factory=set)
 
-    def take(self, req: Req, chunk: int, future: int, key: tuple[int, tuple[int, ...]]) -> None:
+    def shares(self, keys: list[PrefixKey], uncached: int) -> bool:
+        """Whether a request (its `prefix_keys`) should wait for one admitted this step."""
+        return deciding_key(keys, uncached) in self.prefix_keys
+
+    def take(self, req: Req, chunk: int, future: int, keys: list[PrefixKey]) -> None:
         self.budget -= chunk
         self.planned += chunk
         self.future += future
         self.admitted.append(req)
-        self.prefix_keys.add(key)
+        self.prefix_keys.update(keys)

@@ -24,13 +24,12 @@ from plait.backend.model_runner import ModelRunner
 from plait.backend.output_builder import OutputBuilder, ended
 from plait.backend.req import INTERNAL_ERROR, FinishReason, Req
 from plait.backend.sampler import Sampler
-from plait.backend.schedule_policy import AdmissionPlan, SchedulePolicy
+from plait.backend.schedule_policy import AdmissionPlan, SchedulePolicy, prefix_keys
 from plait.backend.step_results import SplitBudget, StepMasks, StepResults, contained
 from plait.backend.tokenizer_utils import DecodeFn
 
 FUTURE_TOKENS_CLIP = 4096
 GRAMMAR_WAIT_S = 0.002
-SHARED_KEY_TOKENS = 32  # requests whose next uncached tokens match wait one step to share
 
 log = logging.getLogger("plait.scheduler")
 
@@ -285,8 +284,8 @@ class Scheduler:
     def _admit_one(self, req: Req, plan: AdmissionPlan) -> bool | None:
         """Admit `req` if it fits: True admitted, False deferred, None stop admitting."""
         match = self.kv.match(req)
-        key = (match.length, tuple(req.ids(match.length, match.length + SHARED_KEY_TOKENS)))
-        if not self.kv.tree.disabled and key in plan.prefix_keys:
+        keys = prefix_keys(req, match.length)
+        if not self.kv.tree.disabled and plan.shares(keys, req.seq_len - match.length):
             return False  # shares its uncached prefix with a request admitted this step
         first = not req.admitted_once
         self.kv.admit(req, match)
@@ -299,7 +298,7 @@ class Scheduler:
             self.kv.release(req, cache=False)
             return None
         req.extend_len = chunk
-        plan.take(req, chunk, self._future_tokens([req]), key)
+        plan.take(req, chunk, self._future_tokens([req]), keys)
         self.waiting.remove(req)
         self.running.append(req)
         if first:
