@@ -87,6 +87,7 @@ class Req:
         self.extend_len = 0
         self.cached_tokens = 0
         self.admitted_once = False
+        self.deferred_at = -1  # cached length at its last wait for an in-batch prefix
         self.finished: FinishReason | None = None
         self.logprobs = LogprobRecord()
         self.grammar: Any = None

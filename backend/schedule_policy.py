@@ -49,10 +49,11 @@ class SchedulePolicy:
 
 
 # A waiting request whose next uncached tokens start like those of a request admitted in the
-# same step waits one step, then reads them from the cache instead of computing them again:
-# when they share SHARED_KEY_LENGTHS[-1] tokens, or at least half of its uncached prompt (but
-# never fewer than SHARED_KEY_LENGTHS[0]). Bursts of prompts on one template (a system prompt,
-# a few words apart) share most of their tokens and no 32 of them uncached.
+# same step may wait one step, then read them from the cache instead of computing them again:
+# when the shared run is the shortest of SHARED_KEY_LENGTHS covering half of its uncached
+# tokens (the longest when none does), or all of them when fewer remain. Bursts of prompts on
+# one template (a system prompt, a few words apart) share most of their tokens and no 32 of
+# them uncached. The scheduler also asks that the wait can gain (Scheduler._waits_to_share).
 SHARED_KEY_LENGTHS = (16, 24, 32)
 
 PrefixKey = tuple[int, tuple[int, ...]]
@@ -85,9 +86,11 @@ class AdmissionPlan:
     admitted: list[Req] = field(default_factory=list)
     prefix_keys: set[PrefixKey] = field(default_factory=set)
 
-    def shares(self, keys: list[PrefixKey], uncached: int) -> bool:
-        """Whether a request (its `prefix_keys`) should wait for one admitted this step."""
-        return deciding_key(keys, uncached) in self.prefix_keys
+    def shared_run(self, keys: list[PrefixKey], uncached: int) -> int:
+        """How many uncached tokens a request (its `prefix_keys`) surely shares with one
+        admitted this step: its deciding key's length, or 0 when no admitted one has it."""
+        key = deciding_key(keys, uncached)
+        return len(key[1]) if key in self.prefix_keys else 0
 
     def take(self, req: Req, chunk: int, future: int, keys: list[PrefixKey]) -> None:
         self.budget -= chunk

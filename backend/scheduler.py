@@ -285,8 +285,10 @@ class Scheduler:
         """Admit `req` if it fits: True admitted, False deferred, None stop admitting."""
         match = self.kv.match(req)
         keys = prefix_keys(req, match.length)
-        if not self.kv.tree.disabled and plan.shares(keys, req.seq_len - match.length):
-            return False  # shares its uncached prefix with a request admitted this step
+        if self._waits_to_share(
+            req, match.length, plan.shared_run(keys, req.seq_len - match.length)
+        ):
+            return False  # a request admitted this step computes its next tokens
         first = not req.admitted_once
         self.kv.admit(req, match)
         extend = req.seq_len - req.kv_len
@@ -307,6 +309,18 @@ class Scheduler:
             self._counters["prompt"] += req.prompt_len
         if chunk < extend:
             self.chunked = req
+        return True
+
+    def _waits_to_share(self, req: Req, cached: int, shared: int) -> bool:
+        """Defer `req` a step for `shared` tokens an admitted request computes, if the cache
+        can then give it more (whole pages, within `match_limit`) and its last wait, at this
+        same cached length, did not turn out to gain nothing."""
+        if self.kv.tree.disabled or shared == 0 or req.deferred_at == cached:
+            return False
+        page = self.kv.kv_pool.page_size
+        if min(cached + shared, req.match_limit()) // page * page <= cached:
+            return False
+        req.deferred_at = cached
         return True
 
     # --- forward -----------------------------------------------------------------------
