@@ -21,7 +21,6 @@
 
 #include "plait_kernels.h"
 
-
 PLAIT_INLINE float bf16_to_f32(uint16_t x) {
     uint32_t bits = (uint32_t)x << 16;
     float f;
@@ -115,9 +114,11 @@ VEC_INLINE v16f load16(const float *p) {
 /* One level of the tree: lane i takes the pair (r, r + w) of x's block (r = i % 2w < w), else
  * of y's, so each output holds half-sums of both inputs. */
 #if defined(__clang__)
-#define HALF_SUMS(x, y, LO, HI) (__builtin_shufflevector(x, y, LO) + __builtin_shufflevector(x, y, HI))
+#define HALF_SUMS(x, y, LO, HI)                                                                \
+    (__builtin_shufflevector(x, y, LO) + __builtin_shufflevector(x, y, HI))
 #else
-#define HALF_SUMS(x, y, LO, HI) (__builtin_shuffle(x, y, (v16i){LO}) + __builtin_shuffle(x, y, (v16i){HI}))
+#define HALF_SUMS(x, y, LO, HI)                                                                \
+    (__builtin_shuffle(x, y, (v16i){LO}) + __builtin_shuffle(x, y, (v16i){HI}))
 #endif
 #define W8_LO 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23
 #define W8_HI 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31
@@ -147,13 +148,14 @@ VEC_INLINE v16f partial_dot(const v16f *qv, const float *kr, int nc) {
 
 /* scale * q.k for one head over the span; `off` is the head's kv head offset in a row. */
 VEC_INLINE void head_scores(const float *q, const float *k, const int32_t *slots, int64_t span,
-                              int64_t row, int64_t off, int nc, float scale, float *s) {
+                            int64_t row, int64_t off, int nc, float scale, float *s) {
     v16f qv[MAX_CHUNKS], acc[LANES];
     for (int c = 0; c < nc; ++c) qv[c] = load16(q + c * LANES);
     int64_t t = 0;
     for (; t + LANES <= span; t += LANES) {
         for (int j = 0; j < LANES; ++j) {
-            if (t + LANES + j < span) prefetch_row(k + (int64_t)slots[t + LANES + j] * row + off, nc * 64);
+            if (t + LANES + j < span)
+                prefetch_row(k + (int64_t)slots[t + LANES + j] * row + off, nc * 64);
             acc[BITREV[j]] = partial_dot(qv, k + (int64_t)slots[t + j] * row + off, nc);
         }
         STORE16(s + t, lane_sums16(acc) * scale);
@@ -168,11 +170,12 @@ VEC_INLINE void head_scores(const float *q, const float *k, const int32_t *slots
 
 /* out = sum over the span of p[t] * v_t for one head, the output held in registers. */
 VEC_INLINE void head_values(const float *p, const float *v, const int32_t *slots, int64_t span,
-                              int64_t row, int64_t off, int nc, float *out) {
+                            int64_t row, int64_t off, int nc, float *out) {
     v16f acc[MAX_CHUNKS];
     for (int c = 0; c < nc; ++c) acc[c] = (v16f){0};
     for (int64_t t = 0; t < span; ++t) {
-        if (t + PREFETCH_AHEAD < span) prefetch_row(v + (int64_t)slots[t + PREFETCH_AHEAD] * row + off, nc * 64);
+        if (t + PREFETCH_AHEAD < span)
+            prefetch_row(v + (int64_t)slots[t + PREFETCH_AHEAD] * row + off, nc * 64);
         const float *vr = v + (int64_t)slots[t] * row + off;
         for (int c = 0; c < nc; ++c) acc[c] += p[t] * load16(vr + c * LANES);
     }
@@ -180,8 +183,8 @@ VEC_INLINE void head_values(const float *p, const float *v, const int32_t *slots
 }
 
 VEC_INLINE void vec_one_nc(const float *q, const float *k, const float *v, const int32_t *slots,
-                             int64_t span, int64_t hq, int64_t hkv, int64_t h0, int64_t h1,
-                             float scale, float *scores, float *out, float *lse, int nc) {
+                           int64_t span, int64_t hq, int64_t hkv, int64_t h0, int64_t h1,
+                           float scale, float *scores, float *out, float *lse, int nc) {
     int64_t d = nc * LANES, group = hq / hkv, row = hkv * d;
     for (int64_t h = h0; h < h1; ++h)
         head_scores(q + h * d, k, slots, span, row, h / group * d, nc, scale, scores + h * span);
@@ -191,13 +194,15 @@ VEC_INLINE void vec_one_nc(const float *q, const float *k, const float *v, const
 }
 
 /* The vector path, with the chunk count a constant in each branch (registers, unrolling). */
-VEC_TARGET static void vec_one(const float *q, const float *k, const float *v, const int32_t *slots,
-                          int64_t span, int64_t hq, int64_t hkv, int64_t d, int64_t h0,
-                          int64_t h1, float scale, float *scores, float *out, float *lse) {
-    switch (d / LANES) {
+VEC_TARGET static void vec_one(const float *q, const float *k, const float *v,
+                               const int32_t *slots, int64_t span, int64_t hq, int64_t hkv,
+                               int64_t d, int64_t h0, int64_t h1, float scale, float *scores,
+                               float *out, float *lse) {
+    int nc = (int)(d / LANES);
+    switch (nc) {
     case 4: vec_one_nc(q, k, v, slots, span, hq, hkv, h0, h1, scale, scores, out, lse, 4); break;
     case 8: vec_one_nc(q, k, v, slots, span, hq, hkv, h0, h1, scale, scores, out, lse, 8); break;
-    default: vec_one_nc(q, k, v, slots, span, hq, hkv, h0, h1, scale, scores, out, lse, (int)(d / LANES));
+    default: vec_one_nc(q, k, v, slots, span, hq, hkv, h0, h1, scale, scores, out, lse, nc);
     }
 }
 
@@ -257,7 +262,8 @@ static void vec_one(const float *q, const float *k, const float *v, const int32_
             if (seq[b] - start[b] > max_span) max_span = seq[b] - start[b];                    \
         float *scores = score_buffer((size_t)(hq * max_span));                                 \
         if (scores == NULL) return -1;                                                         \
-        int vec = VEC && VEC_PATH && d >= LANES && d <= LANES * MAX_CHUNKS && VEC_AVAILABLE(); \
+        int vec = VEC && VEC_PATH && d >= LANES && d <= LANES * MAX_CHUNKS                     \
+                  && d % LANES == 0 && VEC_AVAILABLE();                                        \
         for (int64_t b = 0; b < batch; ++b) {                                                  \
             int64_t span = seq[b] - start[b];                                                  \
             float *ob = out + b * hq * d, *lb = lse + b * hq;                                  \
@@ -271,7 +277,7 @@ static void vec_one(const float *q, const float *k, const float *v, const int32_
                 if (slots[t] < 0 || slots[t] >= num_slots) {                                   \
                     return -2;                                                                 \
                 }                                                                              \
-            if (vec && d % LANES == 0)                                                         \
+            if (vec)                                                                           \
                 vec_one((const float *)q + b * hq * d, (const float *)k, (const float *)v, slots, \
                         span, hq, hkv, d, h0, h1, scale, scores, ob, lb);                      \
             else                                                                               \
