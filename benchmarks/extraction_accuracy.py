@@ -60,8 +60,8 @@ class Prompts:
     """Chat-template renderings of the documents (plait's tokenizer and template)."""
 
     def __init__(self) -> None:
-        from plait.backend.builtin_models import resolve_model_path
-        from plait.backend.loader import load_tokenizer
+        from plait.backend.model.builtin import resolve_model_path
+        from plait.backend.text.tokenizer import load_tokenizer
 
         self.tokenizer = load_tokenizer(resolve_model_path(MODEL))
 

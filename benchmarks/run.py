@@ -159,7 +159,7 @@ def measure(workloads: list[Workload], scale: Scale, peers: Peers | None) -> dic
     """Every system on every workload; the run's rows, target checks and conditions."""
     from transformers import AutoTokenizer
 
-    from plait.backend.builtin_models import resolve_model_path
+    from plait.backend.model.builtin import resolve_model_path
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(MODEL))
     load_before, started = os.getloadavg(), time.time()

@@ -15,8 +15,8 @@ from typing import Any
 import torch
 
 from benchmarks.common import markdown_table, median, setup_torch, timed, write_results
-from plait.backend.engine import Engine
-from plait.backend.forward_batch import ForwardBatch
+from plait.backend.engine.engine import Engine
+from plait.backend.model.forward_batch import ForwardBatch
 
 
 def random_prompts(n: int, length: int, seed: int) -> list[list[int]]:

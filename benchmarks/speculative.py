@@ -30,8 +30,8 @@ TARGET = 1.5
 
 def documents(per_schema: int) -> list[tuple[str, list[int], dict[str, Any]]]:
     """(schema name, chat prompt ids, schema) of every document used."""
-    from plait.backend.builtin_models import resolve_model_path
-    from plait.backend.loader import load_tokenizer
+    from plait.backend.model.builtin import resolve_model_path
+    from plait.backend.text.tokenizer import load_tokenizer
 
     tok = load_tokenizer(resolve_model_path(MODEL))
     out = []

@@ -26,11 +26,11 @@ import torch
 import xgrammar as xgr
 
 from benchmarks.common import markdown_table, median, setup_torch, timed, write_results
-from plait.backend.builtin_models import resolve_model_path
-from plait.backend.engine import Engine
+from plait.backend.engine.engine import Engine
+from plait.backend.engine.inprocess import InProcessRuntime
 from plait.backend.grammar.compiler import GrammarError, GrammarKey, compile_key, new_compiler
 from plait.backend.grammar.xgrammar_backend import XGrammarBackend, tokenizer_info
-from plait.backend.inprocess import InProcessRuntime
+from plait.backend.model.builtin import resolve_model_path
 
 MODEL = "plait-small"
 DATA = Path(__file__).parents[1] / "tests" / "data" / "jsonschema"

@@ -11,11 +11,12 @@ tool offered at most once, and the tool's input held to its regex.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable
 
 import plait
 
-MODEL = "smollm2-135m"
+MODEL = os.environ.get("PLAIT_MODEL", "smollm2-135m")  # or gemma3-270m, a path, ...
 QUESTIONS = ["What is 12 * 7?", "How many people live in Tokyo?"]
 SYSTEM = """You answer questions with two tools: calculator computes arithmetic such as 3 * 4, \
 lookup gives the population of a city. Use a tool, read its observation, then finish with the \

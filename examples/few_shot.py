@@ -11,10 +11,11 @@ misses, so the example keeps two.)
 from __future__ import annotations
 
 import contextlib
+import os
 
 import plait
 
-MODEL = "smollm2-135m"
+MODEL = os.environ.get("PLAIT_MODEL", "smollm2-135m")  # or gemma3-270m, a path, ...
 SHOTS = [
     ("The movie was wonderful.", "positive"),
     ("I hated every minute of it.", "negative"),

@@ -8,12 +8,13 @@ record is checked against the text it came from.
 from __future__ import annotations
 
 import contextlib
+import os
 
 from pydantic import BaseModel, Field
 
 import plait
 
-MODEL = "smollm2-135m"
+MODEL = os.environ.get("PLAIT_MODEL", "smollm2-135m")  # or gemma3-270m, a path, ...
 NAMES = [
     "Ada",
     "Alan",

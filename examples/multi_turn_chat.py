@@ -7,10 +7,11 @@ python examples/multi_turn_chat.py
 from __future__ import annotations
 
 import contextlib
+import os
 
 import plait
 
-MODEL = "smollm2-135m"
+MODEL = os.environ.get("PLAIT_MODEL", "smollm2-135m")  # or gemma3-270m, a path, ...
 QUESTIONS = [
     "What is the capital of France?",
     "How many people live there?",

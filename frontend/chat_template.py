@@ -11,21 +11,18 @@ template over the conversation so far (`plait.transcript.Transcript` keeps the t
 - opening another role renders the conversation plus that message around a placeholder and
   takes the text before it;
 - closing a role renders the conversation with the finished message.
+
+The Jinja environment is the server's (`plait.backend.text.chat_template.BoundedSandbox`:
+transformers' sandbox, globals and filters, with bounds on what a template computes), so a
+program and the OpenAI endpoint render a conversation through the same code.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
-from datetime import datetime
 from typing import Any
 
-from jinja2 import nodes
-from jinja2.exceptions import TemplateError
-from jinja2.ext import Extension, loopcontrols
-from jinja2.parser import Parser
-from jinja2.runtime import Macro
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from plait.backend.text.chat_template import BoundedSandbox, TemplateLimits
 
 Message = Mapping[str, Any]
 
@@ -46,7 +43,9 @@ class ChatTemplate:
     def __init__(self, source: str | None = None, variables: Mapping[str, Any] | None = None):
         self.source = source or CHATML
         self.variables = {k: v for k, v in (variables or {}).items() if v is not None}
-        self._compiled = _environment().from_string(self.source)
+        self._compiled = BoundedSandbox(max_chars=TemplateLimits().max_chars).from_string(
+            self.source
+        )
 
     @classmethod
     def from_jinja(cls, template: str | None, **variables: Any) -> ChatTemplate:
@@ -72,51 +71,3 @@ class ChatTemplate:
         if PLACEHOLDER in text:
             return text.split(PLACEHOLDER, 1)[0]
         return self.render(messages) if messages else ""
-
-
-class _Generation(Extension):
-    """`{% generation %}...{% endgeneration %}` (transformers' assistant-mask blocks): the
-    body renders as it is."""
-
-    tags = {"generation"}
-
-    def parse(self, parser: Parser) -> nodes.Node:
-        lineno = next(parser.stream).lineno
-        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-        call = self.call_method("_body")
-        return nodes.CallBlock(call, [], [], body).set_lineno(lineno)
-
-    def _body(self, caller: Macro) -> str:
-        return str(caller())
-
-
-def _environment() -> ImmutableSandboxedEnvironment:
-    """The Jinja settings and helpers transformers gives chat templates."""
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[_Generation, loopcontrols]
-    )
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise
-    env.globals["strftime_now"] = _strftime_now
-    return env
-
-
-def _tojson(
-    value: Any,
-    ensure_ascii: bool = False,
-    indent: int | None = None,
-    separators: tuple[str, str] | None = None,
-    sort_keys: bool = False,
-) -> str:
-    """JSON without HTML escaping (Jinja's own `tojson` escapes <, >, &, ')."""
-    return json.dumps(
-        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
-    )
-
-
-def _strftime_now(fmt: str) -> str:
-    return datetime.now().strftime(fmt)
-
-
-def _raise(message: str) -> None:
-    raise TemplateError(message)

@@ -9,11 +9,18 @@ import logging
 import os
 import sys
 
+from plait.backend.router.launcher import serve_dp
+from plait.backend.router.server import (
+    add_policy_arguments,
+    add_router_arguments,
+    config_from_namespace,
+    policy_options,
+    run_router,
+)
+from plait.backend.server.args import add_serve_arguments, args_from_namespace
+
 
 def build_parser() -> argparse.ArgumentParser:
-    from plait.backend.router.server import add_policy_arguments, add_router_arguments
-    from plait.backend.server.launch import add_serve_arguments
-
     parser = argparse.ArgumentParser(prog="plait", description="plait: structured generation")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser(
@@ -43,23 +50,16 @@ def main(argv: list[str] | None = None) -> int:
     if ns.command == "serve" and ns.dp < 1:
         parser.error("--dp must be >= 1")
     if ns.command == "serve" and ns.dp > 1:
-        from plait.backend.router.launcher import serve_dp
-        from plait.backend.router.server import policy_options
-        from plait.backend.server.launch import args_from_namespace
-
         exit_now(serve_dp(args_from_namespace(ns), ns.dp, **policy_options(ns)))
     if ns.command == "serve" and ns.node_rank > 0:  # another machine's tensor-parallel ranks
-        from plait.backend.parallel.launch import run_node
-        from plait.backend.server.launch import args_from_namespace
+        from plait.backend.parallel.launch import run_node  # lazy: loads torch
 
         exit_now(run_node(args_from_namespace(ns).engine))
     if ns.command == "serve":
-        from plait.backend.server.launch import args_from_namespace, serve
+        from plait.backend.server.launch import serve  # lazy: loads the runtime
 
         exit_now(serve(args_from_namespace(ns)))
     if ns.command == "router":
-        from plait.backend.router.server import config_from_namespace, run_router
-
         try:
             config = config_from_namespace(ns)
         except ValueError as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from contextvars import ContextVar
 
 from plait.clients.base import Backend
+from plait.clients.local import LocalBackend
 
 _default: ContextVar[Backend | None] = ContextVar("plait_default_backend", default=None)
 
@@ -18,8 +19,6 @@ def get_default_backend() -> Backend:
     """The context's default backend; a LocalBackend on plait-tiny is created on first use."""
     backend = _default.get()
     if backend is None:
-        from plait.clients.local import LocalBackend
-
         backend = LocalBackend()
         _default.set(backend)
     return backend

@@ -7,7 +7,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from plait.backend.sampling_params import GEN_OPTIONS, SamplingParams
+from plait.backend.request.sampling_params import GEN_OPTIONS, SamplingParams
 from plait.ir import (
     SELECT_METHODS,
     Concat,

@@ -24,7 +24,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from plait.backend.sampling_params import RUN_OPTIONS
+from plait.backend.request.sampling_params import RUN_OPTIONS
 from plait.clients.base import Backend
 from plait.context import resolve_backend
 from plait.greenlets import drive

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from plait.greenlets import await_in_program, in_program
-from plait.interpreter import JoinPoint, ProgramError, StateExecutor, TextEvent
+from plait.interpreter import ForkPoint, JoinPoint, ProgramError, StateExecutor, TextEvent
 from plait.ir import NodeLike, RoleBegin, RoleEnd, caller_location, flatten
 
 
@@ -57,8 +57,6 @@ class ProgramState:
 
     def fork(self, n: int) -> ForkGroup:
         """`n` branches that continue from here; the shared prefix is cached once first."""
-        from plait.interpreter import ForkPoint
-
         if n < 1:
             raise ValueError("fork needs n >= 1")
         snapshot = self._loop.create_future()

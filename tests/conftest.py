@@ -32,7 +32,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def smollm2_engine() -> Iterator[Any]:
     """The real model (SmolLM2-135M-Instruct, float32), loaded once for the real-model tier."""
-    from plait.backend.engine import Engine
+    from plait.backend.engine.engine import Engine
 
     with Engine(
         "smollm2-135m", dtype="float32", kv_tokens=8192, check_integrity=True, num_threads=1

@@ -1,14 +1,16 @@
 """Tiny random GGUF checkpoints written with gguf.GGUFWriter, covering every tensor type.
 
 Types gguf-py can quantize in Python (F32, F16, BF16, Q8_0, Q4_0, Q4_1) go through
-`gguf.quants.quantize`; the K-quants (Q4_K, Q5_K, Q6_K) are random valid blocks with finite
-fp16 scales sized so the values look like initialized weights. The untied model stores its
-token embedding as Q5_0 and its output layer as Q5_1; the tied one's embedding is Q8_0.
+`gguf.quants.quantize`; the K-quants (Q2_K .. Q6_K) and IQ4_NL, IQ4_XS are random valid
+blocks with finite fp16 scales sized so the values look like initialized weights. The untied
+model stores its token embedding as Q5_0 and its output layer as Q5_1; the tied one's
+embedding is Q8_0. `LOW_BIT_LAYERS` (with `LOW_BIT_EDGES` for the embedding and output) mixes
+Q2_K, Q3_K, IQ4_NL and IQ4_XS, merged with each other and alone.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +45,27 @@ LAYER_TYPES = [
         "ffn_down": "F32",
     },
 ]
+LOW_BIT_LAYERS = [
+    {
+        "attn_q": "Q2_K",
+        "attn_k": "Q3_K",
+        "attn_v": "IQ4_NL",
+        "attn_output": "IQ4_XS",
+        "ffn_gate": "Q2_K",
+        "ffn_up": "Q2_K",
+        "ffn_down": "Q3_K",
+    },
+    {
+        "attn_q": "IQ4_XS",
+        "attn_k": "IQ4_XS",
+        "attn_v": "IQ4_XS",
+        "attn_output": "IQ4_NL",
+        "ffn_gate": "Q3_K",
+        "ffn_up": "Q4_K",
+        "ffn_down": "Q2_K",
+    },
+]
+LOW_BIT_EDGES = ("IQ4_NL", "Q3_K")  # token_embd, output
 ALL_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
 
 
@@ -73,6 +96,13 @@ def random_blocks(kind: str, rows: int, cols: int, rng: np.random.Generator) -> 
     n = rows * cols // block
     raw = rng.integers(0, 256, size=(n, size), dtype=np.uint8)
     spread = 2.0 / np.sqrt(cols)
+    # kind -> (byte offset of fp16 d, its size: values reach about d * top, [dmin offset])
+    layouts = {
+        "Q2_K": (80, 15 * 3, 82),
+        "Q3_K": (108, 32 * 4, None),
+        "IQ4_NL": (0, 127, None),
+        "IQ4_XS": (0, 32 * 127, None),
+    }
 
     def f16(scale: float) -> np.ndarray:
         vals = (rng.uniform(0.5, 1.0, size=n) * scale).astype(np.float16)
@@ -84,6 +114,11 @@ def random_blocks(kind: str, rows: int, cols: int, rng: np.random.Generator) -> 
         raw[:, 2:4] = f16(spread / 63 / 2)
     elif kind == "Q6_K":
         raw[:, 208:210] = f16(spread / (128 * 32))
+    elif kind in layouts:
+        offset, top, dmin = layouts[kind]
+        raw[:, offset : offset + 2] = f16(spread / top)
+        if dmin is not None:
+            raw[:, dmin : dmin + 2] = f16(spread / 15 / 2)
     else:
         raise ValueError(kind)
     return raw.reshape(rows, -1)
@@ -91,7 +126,7 @@ def random_blocks(kind: str, rows: int, cols: int, rng: np.random.Generator) -> 
 
 def encode(kind: str, weights: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, str]:
     """The array to hand GGUFWriter for `weights` stored as `kind`."""
-    if kind in ("Q4_K", "Q5_K", "Q6_K"):
+    if kind in ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"):
         return random_blocks(kind, *weights.shape, rng), kind
     if kind == "F32":
         return weights.astype(np.float32), kind
@@ -108,13 +143,19 @@ def write_tiny_gguf(
     tied: bool = False,
     pre: str = "gpt-2",
     seed: int = 0,
+    layer_types: Sequence[Mapping[str, str]] = LAYER_TYPES,
+    edge_types: tuple[str, str] | None = None,
 ) -> Path:
-    """A 2-layer random model with the tiny byte-level vocabulary; returns `path`."""
+    """A 2-layer random model with the tiny byte-level vocabulary; returns `path`.
+    `layer_types`: each layer's matrices' types; `edge_types`: the embedding's and output
+    layer's (default: as the module docstring says)."""
     rng = np.random.default_rng(seed)
     tokens, merges, types = tiny_vocab()
     writer = GGUFWriter(str(path), arch)
     _metadata(writer, arch, tokens, merges, types, pre)
-    for name, kind, weights in _tensors(len(tokens), rng, qkv_bias=qkv_bias, tied=tied):
+    edges = edge_types or ("Q8_0" if tied else "Q5_0", "Q5_1")
+    tensors = _tensors(len(tokens), rng, qkv_bias=qkv_bias, tied=tied, types=(layer_types, edges))
+    for name, kind, weights in tensors:
         data, kind = encode(kind, weights, rng)
         if kind in ("F32", "F16"):
             writer.add_tensor(name, data)
@@ -141,6 +182,13 @@ def _metadata(
     writer.add_rope_freq_base(10000.0 if arch == "llama" else 1000000.0)
     writer.add_layer_norm_rms_eps(1e-6)
     writer.add_vocab_size(len(tokens))
+    add_tiny_tokenizer(writer, tokens, merges, types, pre=pre)
+
+
+def add_tiny_tokenizer(
+    writer: GGUFWriter, tokens: list[str], merges: list[str], types: list[int], *, pre: str
+) -> None:
+    """The tiny byte-level vocabulary's tokenizer fields (special ids last, ChatML)."""
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre(pre)
     writer.add_token_list(tokens)
@@ -154,7 +202,12 @@ def _metadata(
 
 
 def _tensors(
-    vocab: int, rng: np.random.Generator, *, qkv_bias: bool, tied: bool
+    vocab: int,
+    rng: np.random.Generator,
+    *,
+    qkv_bias: bool,
+    tied: bool,
+    types: tuple[Sequence[Mapping[str, str]], tuple[str, str]],
 ) -> Iterator[tuple[str, str, np.ndarray]]:
     """(name, type, float weights [rows, cols]) in GGUF naming and llama.cpp's row order."""
 
@@ -165,8 +218,9 @@ def _tensors(
         return (1.0 + 0.1 * rng.normal(size=HIDDEN)).astype(np.float32)
 
     kv = KV_HEADS * HEAD_DIM
-    yield "token_embd.weight", "Q8_0" if tied else "Q5_0", normal(vocab, HIDDEN)
-    for i, kinds in enumerate(LAYER_TYPES):
+    layer_types, (embed_type, output_type) = types
+    yield "token_embd.weight", embed_type, normal(vocab, HIDDEN)
+    for i, kinds in enumerate(layer_types):
         shapes = {
             "attn_q": (HIDDEN, HIDDEN),
             "attn_k": (kv, HIDDEN),
@@ -185,4 +239,4 @@ def _tensors(
                 yield f"blk.{i}.{part}.bias", "F32", 0.1 * rng.normal(size=rows).astype(np.float32)
     yield "output_norm.weight", "F32", norm()
     if not tied:
-        yield "output.weight", "Q5_1", normal(vocab, HIDDEN)
+        yield "output.weight", output_type, normal(vocab, HIDDEN)

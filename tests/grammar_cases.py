@@ -9,6 +9,7 @@ walker reports account for it exactly.
 from __future__ import annotations
 
 import copy
+import datetime
 import json
 import re
 from dataclasses import dataclass, field
@@ -135,9 +136,61 @@ def analyze(case: SchemaCase, checker: StringChecker) -> CaseResult:
 
 # --- explanations ---------------------------------------------------------------------------
 def validates(schema: Any, value: Any) -> bool:
+    """jsonschema's verdict, formats asserted (date-time and time by `rfc3339_time` when
+    jsonschema has no checker of its own for them)."""
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    validator = cls(schema, format_checker=cls.FORMAT_CHECKER)
+    validator = cls(schema, format_checker=_format_checker(cls))
     return bool(validator.is_valid(value))
+
+
+def _format_checker(cls: Any) -> jsonschema.FormatChecker:
+    checker = jsonschema.FormatChecker()
+    checker.checkers = dict(cls.FORMAT_CHECKER.checkers)
+    checker.checkers.setdefault("time", (lambda v: not isinstance(v, str) or rfc3339_time(v), ()))
+    checker.checkers.setdefault("date-time", (_date_time, ()))
+    checker.checkers.setdefault("date", (_date, ()))  # draft 4 has no date format
+    return checker
+
+
+_TIME = re.compile(
+    r"([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.[0-9]+)?(?:[Zz]|([+-])([0-9]{2}):([0-9]{2}))"
+)
+_DATE_TIME = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt](.*)", re.DOTALL)
+
+
+def rfc3339_time(text: str) -> bool:
+    """RFC 3339's full-time, a leap second only where it is 23:59:60 UTC."""
+    match = _TIME.fullmatch(text)
+    if match is None:
+        return False
+    hour, minute, second = (int(g) for g in match.groups()[:3])
+    sign, off_h, off_m = match.group(4), int(match.group(5) or 0), int(match.group(6) or 0)
+    if hour > 23 or minute > 59 or second > 60 or off_h > 23 or off_m > 59:
+        return False
+    utc = hour * 60 + minute - (1 if sign == "+" else -1) * (off_h * 60 + off_m)
+    return second < 60 or utc % 1440 == 23 * 60 + 59
+
+
+def _date(value: object) -> bool:
+    if not isinstance(value, str) or not re.fullmatch("[0-9]{4}-[0-9]{2}-[0-9]{2}", value):
+        return not isinstance(value, str)
+    try:
+        return bool(datetime.date.fromisoformat(value))
+    except ValueError:
+        return False
+
+
+def _date_time(value: object) -> bool:
+    if not isinstance(value, str):
+        return True
+    match = _DATE_TIME.fullmatch(value)
+    if match is None:
+        return False
+    try:
+        datetime.date(*(int(g) for g in match.groups()[:3]))
+    except ValueError:
+        return False
+    return rfc3339_time(match.group(4))
 
 
 def strip_gaps(schema: Any, gaps: list[SchemaGap]) -> Any:
@@ -153,6 +206,8 @@ def strip_gaps(schema: Any, gaps: list[SchemaGap]) -> Any:
 def _drop(node: dict[str, Any], gap: SchemaGap) -> None:
     if "lookaround" in gap.detail:
         _drop_lookarounds(node)
+    elif "leap second" in gap.detail:  # the format's pattern
+        node.pop("pattern", None)
     elif "property values are not checked" in gap.detail:
         for key in ("properties", "patternProperties", "additionalProperties"):
             node.pop(key, None)
@@ -182,15 +237,20 @@ def explain(result: CaseResult, index: int, *, checker: StringChecker) -> bool:
     the grammar accept the valid one."""
     valid, value = result.case.tests[index]
     effect = "strict" if valid else "loose"
-    gaps = [g for g in result.gaps if g.effect == effect]
-    if not gaps:
+    if not any(g.effect == effect for g in result.gaps):
         return False
+    # For a valid instance the loose keywords go too: the grammar does not apply them, and
+    # what is left of them (`not: {}` once its strict keywords are gone) may mean nothing.
+    gaps = [g for g in result.gaps if g.effect == effect or valid]
     stripped = strip_gaps(result.case.schema, gaps)
     if not valid:
         return validates(stripped, value)
     texts = serializations(value)
     for ws in (False, True):
-        compiled, _ = checker.compile(schema_key(stripped, any_whitespace=ws), any_order=True)
+        try:
+            compiled, _ = checker.compile(schema_key(stripped, any_whitespace=ws), any_order=True)
+        except GrammarError:  # stripping left a schema nothing matches
+            return False
         if not checker.accepts(compiled, texts[ws]):
             return False
     return True

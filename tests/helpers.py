@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
-from plait.backend.engine import Engine
-from plait.backend.forward_batch import ForwardBatch
-from plait.backend.model_runner import ModelRunner
+from plait.backend.engine.engine import Engine
+from plait.backend.model.forward_batch import ForwardBatch
+from plait.backend.model.runner import ModelRunner
 
 TEST_KV_TOKENS = 16384
 
@@ -56,3 +58,16 @@ def assert_hf_greedy(model: Any, ids: list[int], generated: list[int]) -> None:
     steps = zip(argmax, generated, strict=True)
     first = next((i for i, (a, b) in enumerate(steps) if a != b), None)
     assert first is None, f"diverged at step {first}: {argmax[first]} vs {generated[first]}"
+
+
+def hf_gguf_model(path: Path) -> Any:
+    """transformers' float32 model from the GGUF file at `path` (the parity reference)."""
+    model = AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=torch.float32
+    )
+    return model.eval()
+
+
+def hf_gguf_tokenizer(path: Path) -> PreTrainedTokenizerBase:
+    """transformers' tokenizer from the GGUF file at `path`."""
+    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)

@@ -8,9 +8,9 @@ import time
 import jinja2
 import pytest
 
-from plait.backend.builtin_models import resolve_model_path
-from plait.backend.loader import load_tokenizer
-from plait.backend.server.chat_render import ChatRenderer, TemplateLimitError, TemplateLimits
+from plait.backend.model.builtin import resolve_model_path
+from plait.backend.text.chat_template import ChatRenderer, TemplateLimitError, TemplateLimits
+from plait.backend.text.tokenizer import load_tokenizer
 
 MESSAGES = [
     {"role": "system", "content": "Be brief."},

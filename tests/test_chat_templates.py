@@ -248,8 +248,8 @@ def test_roles_do_not_nest() -> None:
 
 def test_http_backend_renders_with_the_servers_template(plait_server: plait.Runtime) -> None:
     """HttpBackend takes the template and special tokens from /get_model_info."""
-    from plait.backend.builtin_models import resolve_model_path
-    from plait.backend.loader import load_tokenizer
+    from plait.backend.model.builtin import resolve_model_path
+    from plait.backend.text.tokenizer import load_tokenizer
     from plait.clients.http import HttpBackend
 
     backend = HttpBackend(plait_server.url)
@@ -269,7 +269,7 @@ def test_a_rendered_bos_is_not_doubled() -> None:
     from tokenizers.pre_tokenizers import WhitespaceSplit
     from tokenizers.processors import TemplateProcessing
 
-    from plait.backend.tokenizer_manager import TokenizerManager
+    from plait.backend.engine.tokenizer_manager import TokenizerManager
 
     def manager(adds_bos: bool) -> TokenizerManager:
         tok = Tokenizer(WordLevel({"[unk]": 0, "<s>": 1, "hi": 2}, unk_token="[unk]"))

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from helpers import greedy, tiny_engine
-from plait.backend.engine import Engine, GenerationError
-from plait.backend.forward_batch import ForwardBatch
-from plait.backend.req import Req
-from plait.backend.sampling_params import SamplingParams
-from plait.backend.scheduler import Scheduler
+from plait.backend.engine.engine import Engine, GenerationError
+from plait.backend.model.forward_batch import ForwardBatch
+from plait.backend.request.req import Req
+from plait.backend.request.sampling_params import SamplingParams
+from plait.backend.scheduler.scheduler import Scheduler
 
 POISON = 4321  # a prompt token the injected forward fault trips on
 VICTIMS = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16]]

@@ -1,4 +1,4 @@
-"""The fused CPU decode step (kernels/_step_native.py, backend/decode_step.py) against the
+"""The fused CPU decode step (kernels/_step_native.py, backend/model/fused_decode.py) against the
 layer-by-layer path: logits, the K/V it writes, batch and thread invariance, unwritten slots,
 bounds checks, and the fallback without a C compiler."""
 
@@ -15,10 +15,10 @@ import torch
 import plait.kernels._step_native as step_native
 from helpers import greedy, tiny_engine
 from plait.backend.config import MAX_DEFAULT_THREADS, EngineConfig, default_threads
-from plait.backend.decode_step import FusedDecode
-from plait.backend.engine import Engine
-from plait.backend.forward_batch import ForwardBatch
-from plait.backend.model_runner import ModelRunner
+from plait.backend.engine.engine import Engine
+from plait.backend.model.forward_batch import ForwardBatch
+from plait.backend.model.fused_decode import FusedDecode
+from plait.backend.model.runner import ModelRunner
 
 # Largest |fused - layer by layer| measured on plait-tiny over 6 ragged decode steps (fp32
 # both ways; logits of mean magnitude 1.5, the top two at least 0.07 apart): logits 6.2e-4
@@ -90,15 +90,15 @@ def prefill(runner: ModelRunner, lens: list[int], seed: int = 0) -> list[Seq]:
 
 def both_ways(runner: ModelRunner, fb: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor, Any]:
     """Logits of `fb` layer by layer and fused, and the K/V rows each wrote."""
-    fused = runner.model.fused_decode
+    fused = runner.fused
     assert fused is not None and fused.applies(fb, runner.kv_pool)
     slots = fb.out_slots
-    runner.model.fused_decode = None
+    runner.fused = None
     try:
         ref = runner.forward(fb)
         ref_kv = (runner.kv_pool.k[:, slots].clone(), runner.kv_pool.v[:, slots].clone())
     finally:
-        runner.model.fused_decode = fused
+        runner.fused = fused
     runner.kv_pool.k[:, slots] = float("nan")  # the fused step must write every one
     runner.kv_pool.v[:, slots] = float("nan")
     out = runner.forward(fb)
@@ -149,7 +149,7 @@ def test_batch_and_thread_invariance(runner: ModelRunner) -> None:
     )
     want = runner.forward(alone)
     assert torch.equal(runner.forward(full)[2], want[0])
-    fused = runner.model.fused_decode
+    fused = runner.fused
     assert fused is not None
     h = runner.model.embed_tokens(full.input_ids)
     outs = [
@@ -190,12 +190,12 @@ def test_window_and_qkv_bias() -> None:
     model.cfg = cfg
     gen = torch.Generator().manual_seed(1)
     for layer in model.layers:
-        layer.self_attn.cfg = cfg
+        layer.self_attn.cfg, layer.self_attn.window = cfg, cfg.window(0)
         qkv = layer.self_attn.qkv_proj
         qkv.bias = torch.nn.Parameter(torch.randn(qkv.out_features, generator=gen) / 4)
     built = FusedDecode.build(model, runner.kv_pool)
     assert isinstance(built, FusedDecode)
-    model.fused_decode = built
+    runner.fused = built
     seqs = prefill(runner, [4, 20, 9], seed=2)
     assert_close(*both_ways(runner, batch_for(runner, seqs, [[7], [8, 9], [10]])))
 
@@ -237,14 +237,12 @@ def test_fallback_without_a_compiler(monkeypatch: pytest.MonkeyPatch) -> None:
     layer, with the same results."""
     monkeypatch.setattr(step_native, "load_native", lambda name: None)
     runner = make_runner("int8")
-    assert (
-        runner.fused_decode.startswith("off (the C kernels") and runner.model.fused_decode is None
-    )
+    assert runner.fused_decode.startswith("off (the C kernels") and runner.fused is None
     seqs = prefill(runner, [5], seed=1)
     assert runner.forward(batch_for(runner, seqs, [[3]])).isfinite().all()
     monkeypatch.undo()
     off = make_runner("int8", fused_decode=False)
-    assert off.fused_decode == "off (fused_decode=False)" and off.model.fused_decode is None
+    assert off.fused_decode == "off (fused_decode=False)" and off.fused is None
     assert make_runner("none").fused_decode.startswith("off (every linear layer")
 
 
@@ -278,8 +276,8 @@ REAL_PROMPTS = [
 
 @pytest.mark.real_model
 def test_real_model_fused_matches_layer_by_layer() -> None:
-    from plait.backend.builtin_models import resolve_model_path
-    from plait.backend.loader import load_tokenizer
+    from plait.backend.model.builtin import resolve_model_path
+    from plait.backend.text.tokenizer import load_tokenizer
 
     runner = ModelRunner(EngineConfig(model="smollm2-135m", kv_tokens=2048, num_threads=1))
     assert runner.fused_decode == "on"

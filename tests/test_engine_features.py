@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from helpers import greedy, tiny_engine
-from plait.backend import stop_conditions
-from plait.backend.engine import Engine, GenerationError
+from plait.backend.engine.engine import Engine, GenerationError
+from plait.backend.request import stop_conditions
 
 
 @pytest.fixture(scope="module")
@@ -214,7 +214,7 @@ def test_prompt_logprobs_from_position_zero(engine: Engine) -> None:
 
 
 def test_logit_bias_parsing_and_ranges() -> None:
-    from plait.backend.sampling_params import SamplingParams
+    from plait.backend.request.sampling_params import SamplingParams
 
     params = SamplingParams.from_dict({"logit_bias": {"7": -1, 5: 3.5}})
     assert params.logit_bias == ((5, 3.5), (7, -1.0))

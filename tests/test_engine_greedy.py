@@ -9,10 +9,10 @@ import torch
 import transformers
 
 from helpers import greedy, tiny_engine
-from plait.backend.builtin_models import resolve_model_path
-from plait.backend.engine import Engine
-from plait.backend.inprocess import InProcessRuntime
-from plait.backend.kv_pool import TokenToKVPool
+from plait.backend.cache.kv_pool import TokenToKVPool
+from plait.backend.engine.engine import Engine
+from plait.backend.engine.inprocess import InProcessRuntime
+from plait.backend.model.builtin import resolve_model_path
 
 NEW_TOKENS = 12
 

@@ -13,7 +13,7 @@ import pytest
 
 import plait
 from helpers import TEST_KV_TOKENS
-from plait.backend.engine import Engine
+from plait.backend.engine.engine import Engine
 from plait.runtime import Runtime
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from plait.backend.engine import Engine
+from plait.backend.engine.engine import Engine
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))
 

@@ -10,7 +10,7 @@ import transformers
 
 import plait
 from helpers import TEST_KV_TOKENS
-from plait.backend.builtin_models import resolve_model_path
+from plait.backend.model.builtin import resolve_model_path
 from plait.select_methods import greedy_index
 
 PREFIX = "Question: which animal says moo?\nAnswer:"

@@ -7,12 +7,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, quants
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFWriter, quants
 from gguf_synthetic import ALL_TYPES, write_tiny_gguf
 
-from plait.backend.gguf.quants import QuantizedTensor, read_tensor, unpack_blocks
+from plait.backend.gguf.quants import IQ4_NL_VALUES, QuantizedTensor, read_tensor, unpack_blocks
 from plait.backend.gguf.reader import GGUFFile
-from plait.backend.gguf.weights import hf_row_order
+from plait.backend.model.gguf_loader import hf_row_order
+from plait.backend.model.quantized import LogicalQuant, pack_merged
+from plait.kernels import _quant_native as qn
+from plait.kernels.quant import quant_linear, quant_linear_torch
 
 # kind -> (codes dtype, lowest code, highest code, bits, group, has mins)
 LAYOUT = {
@@ -24,6 +27,10 @@ LAYOUT = {
     "Q4_K": (torch.uint8, 0, 15, 4, 32, True),
     "Q5_K": (torch.int8, 0, 31, 5, 32, True),
     "Q6_K": (torch.int8, -32, 31, 6, 16, False),
+    "Q2_K": (torch.uint8, 0, 3, 2, 16, True),
+    "Q3_K": (torch.int8, -4, 3, 3, 16, False),
+    "IQ4_NL": (torch.int8, -127, 113, 4, 32, False),
+    "IQ4_XS": (torch.int8, -127, 113, 4, 32, False),
 }
 # where each kind keeps its fp16 scales in a block: (byte offset, count)
 FP16_FIELDS = {
@@ -35,6 +42,10 @@ FP16_FIELDS = {
     "Q4_K": [(0, 2)],
     "Q5_K": [(0, 2)],
     "Q6_K": [(208, 1)],
+    "Q2_K": [(80, 2)],
+    "Q3_K": [(108, 1)],
+    "IQ4_NL": [(0, 1)],
+    "IQ4_XS": [(0, 1)],
 }
 
 
@@ -97,10 +108,40 @@ def test_every_tensor_of_a_written_file_reads_like_gguf_py(tmp_path: Path) -> No
     assert kinds == set(ALL_TYPES)
 
 
-def test_unsupported_type_is_named() -> None:
-    raw = np.zeros((1, GGML_QUANT_SIZES[GGMLQuantizationType.Q2_K][1]), dtype=np.uint8)
-    with pytest.raises(NotImplementedError, match=r"Q2_K.*Q4_K"):
-        unpack_blocks("Q2_K", raw, 256)
+@pytest.mark.parametrize("kind", ["IQ2_XXS", "IQ3_S", "IQ1_M", "TQ1_0", "MXFP4"])
+def test_unsupported_type_is_named(tmp_path: Path, kind: str) -> None:
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType[kind]]
+    writer = GGUFWriter(str(tmp_path / "odd.gguf"), "llama")
+    raw = np.zeros((2, 256 // block * size), dtype=np.uint8)
+    writer.add_tensor("blk.0.attn_q.weight", raw, raw_dtype=GGMLQuantizationType[kind])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    (tensor,) = GGUFFile(tmp_path / "odd.gguf").tensors
+    with pytest.raises(NotImplementedError, match=rf"'blk.0.attn_q.weight'.*type {kind};") as err:
+        read_tensor(tensor)
+    assert all(name in str(err.value) for name in (*LAYOUT, "F32", "F16", "BF16"))
+    with pytest.raises(NotImplementedError, match=rf"tensor type {kind}; .*'IQ4_XS'"):
+        unpack_blocks(kind, raw, 256)
+
+
+def test_iq4_codebook_is_ggmls() -> None:
+    assert quants.IQ4_NL.kvalues == IQ4_NL_VALUES
+
+
+# kind -> resident bytes per weight once packed for the kernels (docs/quantization.md)
+RESIDENT = {"Q2_K": 1.0, "Q3_K": 1.25, "IQ4_NL": 1.0625, "IQ4_XS": 1.125}
+
+
+@pytest.mark.parametrize("kind", sorted(RESIDENT))
+def test_packed_for_the_kernels_exactly(kind: str) -> None:
+    """The loader's packing keeps every value (the kernel form is exact) at the stated size."""
+    q = unpack_blocks(kind, random_raw(kind, rows=32, cols=512, seed=2), 512)
+    packed = pack_merged([LogicalQuant(codes=q.codes, scales=q.scales, mins=q.mins, group=q.group)])
+    assert packed.bits == (4 if q.codes.dtype == torch.uint8 else 8)
+    assert packed.nbytes == RESIDENT[kind] * 32 * 512
+    same_floats(packed.dequantize().numpy(), q.dequantize().numpy(), signed_zero=True)
 
 
 @pytest.mark.parametrize("heads", [1, 3, 9])
@@ -135,3 +176,37 @@ def test_plaits_reader_refuses_what_is_not_gguf(tmp_path: Path) -> None:
     cut.write_bytes((tmp_path / "whole.gguf").read_bytes()[:100])
     with pytest.raises(ValueError, match="truncated or corrupt"):
         GGUFFile(cut)
+
+
+def kernel_bound(x: torch.Tensor, q: QuantizedTensor) -> torch.Tensor:
+    """|kernel - exact| per output: x is rounded to int16 per group (step dx = max|x_g| /
+    32767) before the integer dot with the codes (the min's term uses the exact sum of x),
+    plus fp32 rounding, bounded by 2^-18 * sum_k |x_k| (|s q| + |m|)."""
+    rows, cols = q.shape
+    sq = (q.codes.double().view(rows, -1, q.group) * q.scales.double()[..., None]).abs()
+    xg = x.double().view(x.shape[0], -1, q.group)
+    dx = xg.abs().amax(-1) / 32767
+    terms = sq.view(rows, cols)
+    if q.mins is not None:
+        terms = terms + q.mins.double().abs().repeat_interleave(q.group, dim=1)
+    return 0.5 * dx @ sq.sum(-1).T + 2.0**-18 * (x.double().abs() @ terms.T)
+
+
+@pytest.mark.parametrize("kind", sorted(RESIDENT))
+def test_kernels_on_the_packed_weight(kind: str) -> None:
+    """Every ISA of the C kernel, the Triton kernel (interpreter) and the dequantizing
+    fallback against the exact product with the de-quantized weight."""
+    q = unpack_blocks(kind, random_raw(kind, rows=20, cols=512, seed=3), 512)
+    w = pack_merged([LogicalQuant(codes=q.codes, scales=q.scales, mins=q.mins, group=q.group)])
+    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(4))
+    exact = x.double() @ q.dequantize().double().T
+    bound = kernel_bound(x, q)
+    best = qn.native_isa()
+    outs = {"triton": quant_linear(x, w, impl="triton")}
+    outs["panels"] = quant_linear_torch(x, w, native=False)
+    for isa in [] if best is None else qn.ISAS[: qn.ISAS.index(best) + 1]:
+        outs[isa] = qn.native_quant_linear(x, w, isa=isa)
+    for name, out in outs.items():
+        assert out is not None and out.shape == (3, 20), name
+        err = (out.double() - exact).abs()
+        assert bool((err <= bound).all()), f"{name}: err / bound {float((err / bound).max())}"

@@ -19,8 +19,7 @@ from grammar_cases import validates
 from transformers import PreTrainedTokenizerBase
 
 from helpers import tiny_engine
-from plait.backend.builtin_models import resolve_model_path
-from plait.backend.engine import Engine
+from plait.backend.engine.engine import Engine
 from plait.backend.grammar.closing import (
     CLOSE_SLACK,
     NEVER,
@@ -36,7 +35,8 @@ from plait.backend.grammar.jump_forward import Jump, Retokenizer
 from plait.backend.grammar.layout import COMPACT_SEPARATORS
 from plait.backend.grammar.schema.rewrite import search_pattern
 from plait.backend.grammar.xgrammar_backend import make_encoder, tokenizer_info
-from plait.backend.loader import load_tokenizer
+from plait.backend.model.builtin import resolve_model_path
+from plait.backend.text.tokenizer import load_tokenizer
 
 PERSON = {
     "type": "object",

@@ -33,7 +33,7 @@ from grammar_cases import (
 from pydantic import BaseModel
 
 from helpers import tiny_engine
-from plait.backend.engine import Engine, GenerationError
+from plait.backend.engine.engine import Engine, GenerationError
 from plait.backend.grammar.compiler import GrammarError
 from plait.backend.grammar.layout import DEFAULT_LAYOUT
 

@@ -17,7 +17,7 @@ from plait.backend.grammar.layout import (
     resolve_layout,
     schema_grammar,
 )
-from plait.backend.sampling_params import SamplingParams
+from plait.backend.request.sampling_params import SamplingParams
 
 SCHEMA = {
     "type": "object",

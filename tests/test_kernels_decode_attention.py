@@ -45,7 +45,9 @@ def cpu_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) ->
     return str(request.param)
 
 
-def naive_decode(q, k_pool, v_pool, req_to_token, req_slots, seq_lens, scale, window=None):
+def naive_decode(
+    q, k_pool, v_pool, req_to_token, req_slots, seq_lens, scale, window=None, softcap=None
+):
     b, hq, d = q.shape
     group = hq // k_pool.shape[1]
     out = torch.zeros(b, hq, d, dtype=torch.float64)
@@ -63,6 +65,8 @@ def naive_decode(q, k_pool, v_pool, req_to_token, req_slots, seq_lens, scale, wi
             if not keys:
                 continue
             scores = torch.stack(keys) @ q[i, h].double() * scale
+            if softcap is not None:
+                scores = softcap * torch.tanh(scores / softcap)
             out[i, h] = torch.softmax(scores, 0) @ torch.stack(vals)
     return out
 
@@ -275,3 +279,24 @@ def test_native_split_over_threads_is_exact(threads: int) -> None:
         decode_native.native_decode(
             q, k_pool, v_pool, bad, req_slots, seq, start, scale=1.0, threads=threads
         )
+
+
+@pytest.mark.parametrize("window", [None, 7])
+def test_soft_cap_matches_naive_and_triton(window: int | None) -> None:
+    """The attention soft cap: the CPU path (the grouped torch path: the C kernel has no
+    cap) against the explicit math, the Triton kernel against it; the shared-prefix cascade
+    is not taken under a cap (its answer is the capped one)."""
+    case = make_case([1, 5, 33, 70], 8, 2, 16, torch.float32, seed=5)
+    out = paged_decode_attention(*case, scale=0.9, sliding_window=window, softcap=3.0)
+    want = naive_decode(*case, scale=0.9, window=window, softcap=3.0)
+    torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5)
+    assert float((want - naive_decode(*case, scale=0.9, window=window)).abs().max()) > 1e-2
+    tri = paged_decode_attention(
+        *case, scale=0.9, sliding_window=window, softcap=3.0, impl="triton"
+    )
+    torch.testing.assert_close(tri, out, atol=2e-5, rtol=2e-5)
+    q, k_pool, v_pool, r2t, slots, seq = case
+    r2t[slots, :1] = r2t[slots[0], :1]  # every request shares position 0's slot
+    shared = paged_decode_attention(*case, scale=0.9, softcap=3.0, shared_prefix_len=1)
+    want = naive_decode(q, k_pool, v_pool, r2t, slots, seq, scale=0.9, softcap=3.0)
+    torch.testing.assert_close(shared.double(), want, atol=1e-5, rtol=1e-5)

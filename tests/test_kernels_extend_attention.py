@@ -30,7 +30,9 @@ def make_case(prefix: list[int], extend: list[int], hq: int, hkv: int, d: int, d
     return (q, k_pool, v_pool, req_to_token, req_slots, torch.tensor(prefix), torch.tensor(extend))
 
 
-def naive_extend(q, k_pool, v_pool, r2t, req_slots, prefix, extend, scale, window=None):
+def naive_extend(
+    q, k_pool, v_pool, r2t, req_slots, prefix, extend, scale, window=None, softcap=None
+):
     t, hq, d = q.shape
     group = hq // k_pool.shape[1]
     out = torch.zeros(t, hq, d, dtype=torch.float64)
@@ -43,7 +45,10 @@ def naive_extend(q, k_pool, v_pool, r2t, req_slots, prefix, extend, scale, windo
             for h in range(hq):
                 k = k_pool[slots, h // group].double()
                 v = v_pool[slots, h // group].double()
-                probs = torch.softmax(k @ q[row, h].double() * scale, 0)
+                scores = k @ q[row, h].double() * scale
+                if softcap is not None:
+                    scores = softcap * torch.tanh(scores / softcap)
+                probs = torch.softmax(scores, 0)
                 out[row, h] = probs @ v
             row += 1
     return out
@@ -130,3 +135,26 @@ def test_input_checks() -> None:
         call(k_pool=k_pool.double())
     with pytest.raises(ValueError, match="impl"):
         call(impl="cpu")
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_soft_cap_matches_naive_and_triton(window: int | None) -> None:
+    """Gemma 2's attention soft cap (scores -> c * tanh(scores / c)): the torch path against
+    the explicit math, and the Triton kernel against the torch path; a cap that changes
+    nothing (scores far below it) gives the uncapped result."""
+    case = make_case([0, 7, 12], [6, 5, 3], 4, 2, 16, torch.float32, seed=11)
+    out = extend_attention(*case, scale=0.9, sliding_window=window, softcap=2.5)
+    want = naive_extend(*case, scale=0.9, window=window, softcap=2.5)
+    torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5)
+    uncapped = naive_extend(*case, scale=0.9, window=window)
+    assert float((want - uncapped).abs().max()) > 1e-2  # the cap matters at this scale
+    tri = extend_attention(*case, scale=0.9, sliding_window=window, softcap=2.5, impl="triton")
+    torch.testing.assert_close(tri, out, atol=2e-5, rtol=2e-5)
+    far = extend_attention(*case, scale=0.01, sliding_window=window, softcap=1e6)
+    torch.testing.assert_close(far, extend_attention(*case, scale=0.01, sliding_window=window))
+
+
+def test_soft_cap_must_be_positive() -> None:
+    case = make_case([0], [3], 2, 2, 16, torch.float32)
+    with pytest.raises(ValueError, match="softcap"):
+        extend_attention(*case, scale=0.3, softcap=0.0)

@@ -10,7 +10,7 @@ import transformers
 
 from helpers import forward_logits as run
 from plait.backend.config import EngineConfig
-from plait.backend.model_runner import ModelRunner
+from plait.backend.model.runner import ModelRunner
 
 SMALL = dict(
     vocab_size=320,

@@ -10,9 +10,9 @@ import pytest
 
 from helpers import TEST_KV_TOKENS, greedy, tiny_engine
 from plait.backend.config import EngineConfig
-from plait.backend.engine import Engine, GenerationError
-from plait.backend.multiprocess import MultiProcessRuntime, RuntimeStartError
-from plait.backend.sampling_params import SamplingParams
+from plait.backend.engine.engine import Engine, GenerationError
+from plait.backend.engine.multiprocess import MultiProcessRuntime, RuntimeStartError
+from plait.backend.request.sampling_params import SamplingParams
 
 PROMPTS = [[5, 6, 7, 8], [9, 10], list(range(100, 140))]
 

@@ -6,12 +6,11 @@ import pytest
 import torch
 
 from helpers import forward_logits
-from plait.backend.builtin_models import resolve_model_path
 from plait.backend.config import EngineConfig
-from plait.backend.model import LlamaForCausalLM
-from plait.backend.model_config import ModelConfig
-from plait.backend.model_runner import ModelRunner
-from plait.backend.quantized import (
+from plait.backend.model.builtin import resolve_model_path
+from plait.backend.model.config import ModelConfig, Rope
+from plait.backend.model.layers import CausalLM
+from plait.backend.model.quantized import (
     LogicalQuant,
     QuantEmbedding,
     QuantLinear,
@@ -19,6 +18,7 @@ from plait.backend.quantized import (
     quantize_model,
     weight_bytes,
 )
+from plait.backend.model.runner import ModelRunner
 
 IDS = list(range(3, 40))
 
@@ -86,9 +86,9 @@ def test_a_tied_embedding_is_quantized_once_and_shared_with_the_head() -> None:
     cfg = ModelConfig(
         architecture="LlamaForCausalLM", vocab_size=96, hidden_size=64, intermediate_size=128,
         num_layers=1, num_heads=4, num_kv_heads=2, head_dim=16, max_position_embeddings=64,
-        rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True,
+        rms_norm_eps=1e-5, rope=Rope(theta=10000.0), tie_word_embeddings=True,
     )  # fmt: skip
-    model = LlamaForCausalLM(cfg)
+    model = CausalLM(cfg)
     weight = model.embed_tokens.weight.detach().clone()
     quantize_model(model, bits=8)
     embed, head = model.embed_tokens, model.lm_head

@@ -6,8 +6,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from plait.backend.kv_pool import TokenToKVPool
-from plait.backend.radix_cache import RadixCache
+from plait.backend.cache.kv_pool import TokenToKVPool
+from plait.backend.cache.radix_cache import RadixCache
 
 
 def make_tree(num_tokens: int = 256, page_size: int = 1, disabled: bool = False) -> RadixCache:

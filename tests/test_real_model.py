@@ -14,15 +14,15 @@ from typing import Any
 import pytest
 import torch
 from tokenizers import Tokenizer, pre_tokenizers
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 import plait
-from helpers import assert_hf_greedy, forward_logits
-from plait.backend.builtin_models import resolve_model_path
+from helpers import assert_hf_greedy, forward_logits, hf_gguf_model, hf_gguf_tokenizer
 from plait.backend.config import EngineConfig
-from plait.backend.engine import Engine
-from plait.backend.loader import load_tokenizer
-from plait.backend.model_runner import ModelRunner
+from plait.backend.engine.engine import Engine
+from plait.backend.model.builtin import resolve_model_path
+from plait.backend.model.runner import ModelRunner
+from plait.backend.text.tokenizer import load_tokenizer
 from plait.demo import run_all
 
 pytestmark = pytest.mark.real_model
@@ -77,15 +77,12 @@ def gguf_path() -> Path:
 
 @pytest.fixture(scope="module")
 def hf_model(gguf_path: Path) -> Any:
-    model = AutoModelForCausalLM.from_pretrained(
-        gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32
-    )
-    return model.eval()
+    return hf_gguf_model(gguf_path)
 
 
 @pytest.fixture(scope="module")
 def hf_tokenizer(gguf_path: Path) -> PreTrainedTokenizerBase:
-    return AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    return hf_gguf_tokenizer(gguf_path)
 
 
 @pytest.fixture(scope="module")

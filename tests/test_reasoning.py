@@ -17,10 +17,10 @@ from test_grammar_units import backend, request, tokenizer, wait_ready  # noqa: 
 from transformers import PreTrainedTokenizerBase
 
 from helpers import tiny_engine
-from plait.backend.engine import Engine
+from plait.backend.engine.engine import Engine
 from plait.backend.grammar.reasoning_gate import GateEdit, ReasoningGate
 from plait.backend.grammar.xgrammar_backend import make_encoder
-from plait.backend.reasoning import (
+from plait.backend.text.reasoning import (
     REASONING_FORMATS,
     ReasoningSplitter,
     Split,

@@ -47,10 +47,10 @@ class RouterThread:
     def __init__(self, workers: list[str], **options: Any) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        options = {"health_interval_s": 0.2, **options}
         config = RouterConfig(
-            workers=tuple(workers), port=self.port, log_level="warning",
-            health_interval_s=0.2, **options,
-        )  # fmt: skip
+            workers=tuple(workers), port=self.port, log_level="warning", **options
+        )
         self.server: uvicorn.Server = make_server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
@@ -236,7 +236,9 @@ def test_an_unreachable_worker_is_skipped_and_its_requests_retried(
     workers: list[Runtime],
 ) -> None:
     nobody = f"http://127.0.0.1:{free_port()}"
-    rt = RouterThread([nobody, workers[0].url], policy="round_robin")
+    # no health check between marking `nobody` healthy and the requests (a check would take
+    # it out of rotation first, and nothing would be retried)
+    rt = RouterThread([nobody, workers[0].url], policy="round_robin", health_interval_s=60)
     try:
         rt_pool = rt.server.config.app.state.router.pool  # type: ignore[attr-defined]
         rt_pool[nobody].healthy = True  # as if it had been up: requests go there first

@@ -21,9 +21,8 @@ from plait.backend.router.policy import Routing
 from plait.backend.router.prefix_tree import PrefixTree
 from plait.backend.router.request_text import chat_text, ids_text, routing_texts
 from plait.backend.router.workers import WorkerPool
-from plait.backend.server.app import ServerSettings
+from plait.backend.server.args import ServerArgs, ServerSettings
 from plait.backend.server.auth import AccessKeys, read_keys
-from plait.backend.server.launch import ServerArgs
 from plait.chat_template import CHATML, ChatTemplate
 from plait.clients.base import Backend, ChoiceLogprobs, GenOutput, OnText
 from plait.clients.session import SESSION_HEADER, current_session, session_headers

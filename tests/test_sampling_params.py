@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import plait
-from plait.backend.sampling_params import (
+from plait.backend.request.sampling_params import (
     GEN_OPTIONS,
     MAX_SEED,
     OPENAI_FIELDS,

@@ -10,16 +10,16 @@ from typing import Any
 import pytest
 
 from plait.backend.config import EngineConfig
-from plait.backend.messages import TokenizedRequest
-from plait.backend.req import Req
-from plait.backend.sampling_params import SamplingParams
-from plait.backend.schedule_policy import (
+from plait.backend.request.messages import TokenizedRequest
+from plait.backend.request.req import Req
+from plait.backend.request.sampling_params import SamplingParams
+from plait.backend.scheduler.loop import build_scheduler
+from plait.backend.scheduler.policy import (
     SHARED_KEY_LENGTHS,
     AdmissionPlan,
     deciding_key,
     prefix_keys,
 )
-from plait.backend.scheduler_loop import build_scheduler
 
 TEMPLATE = list(range(100, 130))  # 30 tokens, as a chat template's system prompt
 

@@ -15,8 +15,9 @@ from fastapi.testclient import TestClient
 from server_helpers import MODEL
 
 from helpers import tiny_engine
-from plait.backend.engine import Engine
-from plait.backend.server.app import ServerSettings, create_app
+from plait.backend.engine.engine import Engine
+from plait.backend.server.app import create_app
+from plait.backend.server.args import ServerSettings
 from plait.backend.server.auth import API_KEY_ENV, AuthConfig, gather_keys, read_keys
 from plait.runtime import Runtime
 

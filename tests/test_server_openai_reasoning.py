@@ -15,7 +15,8 @@ from fastapi.testclient import TestClient
 from server_helpers import MODEL, sse_events
 
 from helpers import tiny_engine
-from plait.backend.server.app import ServerSettings, create_app
+from plait.backend.server.app import create_app
+from plait.backend.server.args import ServerSettings
 
 TEMPLATES = Path(__file__).parent / "data" / "chat_templates"
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}

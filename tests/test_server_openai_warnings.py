@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from server_helpers import MODEL, sse_events
 
 from helpers import tiny_engine
-from plait.backend.engine import Engine
+from plait.backend.engine.engine import Engine
 from plait.backend.server.app import create_app
 from plait.backend.server.serving import WARNINGS_HEADER, warnings_header
 

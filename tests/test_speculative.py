@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from helpers import greedy, tiny_engine
-from plait.backend.engine import Engine
+from plait.backend.engine.engine import Engine
 from plait.backend.server.metrics import parse_metrics
 
 COPY = "The quick brown fox jumps over the lazy dog near the river bank. " * 5

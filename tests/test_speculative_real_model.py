@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from plait.backend.engine import Engine
+from plait.backend.engine.engine import Engine
 
 pytestmark = pytest.mark.real_model
 
@@ -34,8 +34,8 @@ def speculating() -> Iterator[Engine]:
 
 def extraction_requests() -> tuple[list[list[int]], list[dict[str, Any]]]:
     """Two labeled documents of two schemas as chat prompts, plus an unconstrained copy."""
-    from plait.backend.builtin_models import resolve_model_path
-    from plait.backend.loader import load_tokenizer
+    from plait.backend.model.builtin import resolve_model_path
+    from plait.backend.text.tokenizer import load_tokenizer
 
     tok = load_tokenizer(resolve_model_path("smollm2-135m"))
     prompts, params = [], []

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from plait.backend.speculative import NgramIndex, SpeculativeConfig, accepted_prefix
+from plait.backend.speculative.ngram import NgramIndex, SpeculativeConfig, accepted_prefix
 
 
 def brute_force(tokens: list[int], config: SpeculativeConfig, limit: int) -> list[int]:

@@ -6,12 +6,11 @@ import time
 
 import pytest
 
-from plait.backend import stop_conditions
-from plait.backend.detokenizer import Detokenizer
-from plait.backend.messages import DetokOptions, ReqOutput
-from plait.backend.req import FinishReason
-from plait.backend.sampling_params import SamplingParams
-from plait.backend.stop_conditions import (
+from plait.backend.request import stop_conditions
+from plait.backend.request.messages import DetokOptions, ReqOutput
+from plait.backend.request.req import FinishReason
+from plait.backend.request.sampling_params import SamplingParams
+from plait.backend.request.stop_conditions import (
     UNBOUNDED_CHARS,
     StopMatch,
     StopRegexTimeout,
@@ -21,6 +20,7 @@ from plait.backend.stop_conditions import (
     regex_width,
     window_chars,
 )
+from plait.backend.text.detokenizer import Detokenizer
 
 
 def test_first_stop_is_the_earliest_and_longest_on_ties() -> None:

@@ -12,7 +12,7 @@ from grammar_cases import validates
 
 import plait
 from helpers import tiny_engine
-from plait.backend.engine import Engine, GenerationError
+from plait.backend.engine.engine import Engine, GenerationError
 from plait.backend.grammar.structural_tag import (
     StructuralTagError,
     expand_json_schemas,

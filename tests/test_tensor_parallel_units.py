@@ -9,16 +9,16 @@ import pytest
 import torch
 from torch import nn
 
-from plait.backend.model_config import ModelConfig
+from plait.backend.model.config import ModelConfig, Rope
+from plait.backend.model.quantized import QuantLinear
 from plait.backend.parallel.plan import plan_shards
 from plait.backend.parallel.shard import qkv_rows, slice_linear, slice_quant
-from plait.backend.quantized import QuantLinear
 from plait.kernels.quant_weight import quantize_weight
 
 SMOLLM2 = ModelConfig(
     architecture="LlamaForCausalLM", vocab_size=49152, hidden_size=576, intermediate_size=1536,
     num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64, max_position_embeddings=8192,
-    rms_norm_eps=1e-5, rope_theta=1e5, tie_word_embeddings=True,
+    rms_norm_eps=1e-5, rope=Rope(theta=1e5), tie_word_embeddings=True,
 )  # fmt: skip
 
 

@@ -13,7 +13,7 @@ from grammar_cases import validates
 from server_helpers import MODEL
 
 from plait.backend.grammar.compiler import compile_key, grammar_key
-from plait.backend.sampling_params import SamplingParams
+from plait.backend.request.sampling_params import SamplingParams
 from plait.backend.server.protocol import ApiError, ChatCompletionRequest
 from plait.backend.server.tool_calls import (
     BEGIN,

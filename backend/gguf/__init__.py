@@ -1,25 +1,21 @@
-"""GGUF checkpoints (llama.cpp's format): metadata, tensors, tokenizer, weight names.
-
-`load_gguf_model` builds plait's model from a `.gguf` file (weights de-quantized at load),
-`load_gguf_tokenizer` its tokenizer and chat template; `QuantizedTensor` is the unpacked
-form of every quantized tensor kind.
+"""GGUF files (llama.cpp's format): the header, metadata and tensor directory (`reader`), the
+key-value fields (`metadata`), every quantized tensor kind unpacked (`quants`:
+`QuantizedTensor`) and the tokenizer with its chat template (`tokenizer`). The file format
+only: the model built from a GGUF file is `plait.backend.model.gguf_loader`'s.
 """
 
-from plait.backend.gguf.metadata import ARCHITECTURES, GGUFMetadata, gguf_model_config
+from plait.backend.gguf.metadata import GGUFMetadata, eos_token_ids
 from plait.backend.gguf.quants import SUPPORTED_TENSOR_TYPES, QuantizedTensor, read_tensor
 from plait.backend.gguf.tokenizer import PRE_TOKENIZERS, build_tokenizer, load_gguf_tokenizer
-from plait.backend.gguf.weights import load_gguf_model
 
 __all__ = [
-    "ARCHITECTURES",
     "PRE_TOKENIZERS",
     "SUPPORTED_TENSOR_TYPES",
     "GGUFMetadata",
     "QuantizedTensor",
     "build_tokenizer",
-    "gguf_model_config",
+    "eos_token_ids",
     "is_gguf",
-    "load_gguf_model",
     "load_gguf_tokenizer",
     "read_tensor",
 ]

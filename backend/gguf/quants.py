@@ -16,6 +16,14 @@ so every product and sum below is the same float32 arithmetic ggml's reference d
 | Q4_K | uint8 q, 0..15 | 4 | 32 | d * sc | -dmin * m |
 | Q5_K | int8 q, 0..31 | 5 | 32 | d * sc | -dmin * m |
 | Q6_K | int8 q - 32, -32..31 | 6 | 16 | d * sc | None |
+| Q2_K | uint8 q, 0..3 | 2 | 16 | d * sc | -dmin * m |
+| Q3_K | int8 q - 4 (high bit clear) or q, -4..3 | 3 | 16 | d * (sc - 32) | None |
+| IQ4_NL | int8 codebook value of q, -127..113 | 4 | 32 | d | None |
+| IQ4_XS | int8 codebook value of q, -127..113 | 4 | 32 | d * (ls - 32) | None |
+
+IQ4_NL and IQ4_XS index a non-linear 16-entry codebook (`IQ4_NL_VALUES`, ggml's
+`kvalues_iq4nl`); their codes are the codebook's int8 values, so value = scale * code holds
+exactly (every product here is of an fp16 scale and small integers: exact in float32).
 """
 
 from __future__ import annotations
@@ -30,8 +38,12 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 QK_K = 256  # values in one K-quant super-block
 FLOAT_KINDS = ("F32", "F16", "BF16")
-QUANT_KINDS = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+QUANT_KINDS = (
+    "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+    "IQ4_NL", "IQ4_XS",
+)  # fmt: skip
 SUPPORTED_TENSOR_TYPES = FLOAT_KINDS + QUANT_KINDS
+IQ4_NL_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 
 
 class TensorLike(Protocol):
@@ -52,9 +64,10 @@ class TensorLike(Protocol):
 class QuantizedTensor:
     """A quantized [N, K] matrix: value[n, k] = scales[n, k // group] * codes[n, k] + mins[...].
 
-    `codes` is uint8 for the 4-bit kinds (0..15) and int8 otherwise (Q5_*: 0..31, Q6_K:
-    -32..31, Q8_0: -128..127); `scales` and `mins` are float32 [N, K // group]; `mins` is
-    None for the symmetric kinds (Q8_0, Q6_K).
+    `codes` is uint8 for the linear kinds of 4 bits or fewer (Q4_*: 0..15, Q2_K: 0..3) and
+    int8 otherwise (Q5_*: 0..31, Q6_K: -32..31, Q3_K: -4..3, Q8_0: -128..127, IQ4_*: the
+    codebook's values); `scales` and `mins` are float32 [N, K // group]; `mins` is None for
+    the symmetric kinds (Q8_0, Q6_K, Q3_K, IQ4_*).
     """
 
     codes: torch.Tensor
@@ -259,6 +272,71 @@ def _unpack_q6_k(raw: np.ndarray) -> QuantizedTensor:
     return _result(codes, d[:, None] * sc, None, rows, bits=6, group=16)
 
 
+def _two_bit(qs: np.ndarray) -> np.ndarray:
+    """Q2_K/Q3_K low bits: 64 bytes -> 256 2-bit values; per half (32 bytes), value
+    32 j + l is bits 2j..2j+1 of byte l."""
+    shifts = np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
+    return ((qs.reshape(-1, 2, 1, 32) >> shifts) & np.uint8(3)).reshape(-1, QK_K)
+
+
+def _unpack_q2_k(raw: np.ndarray) -> QuantizedTensor:
+    """16 sub-blocks of 16, one byte each (scale: low nibble, min: high nibble)."""
+    blocks, rows = _blocks(raw, "Q2_K")
+    sc, m = _nibbles(blocks[:, 0:16])
+    codes = _two_bit(blocks[:, 16:80])
+    d, dmin = _f16(blocks[:, 80:82]), _f16(blocks[:, 82:84])
+    scales = d[:, None] * sc.astype(np.float32)
+    return _result(codes, scales, -(dmin[:, None] * m.astype(np.float32)), rows, bits=2, group=16)
+
+
+def _q3_k_scales(packed: np.ndarray) -> np.ndarray:
+    """The 16 signed 6-bit scales of a Q3_K super-block from its 12 bytes: the low 4 bits of
+    scale i are byte i's low nibble (i < 8) or byte i - 8's high nibble, the top 2 bits are
+    bits 2 (i // 4).. of byte 8 + i % 4; stored with an offset of 32."""
+    low = np.concatenate(_nibbles(packed[:, 0:8]), axis=1)
+    shifts = np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 4, 1)
+    high = ((packed[:, None, 8:12] >> shifts) & np.uint8(3)).reshape(-1, 16)
+    return (low | (high << np.uint8(4))).astype(np.float32) - 32
+
+
+def _unpack_q3_k(raw: np.ndarray) -> QuantizedTensor:
+    """hmask (32 bytes: bit b of byte l is the high bit of value 32 b + l; a clear bit
+    subtracts 4), 2-bit lows, 12 bytes of scales, d."""
+    blocks, rows = _blocks(raw, "Q3_K")
+    bit = np.arange(8, dtype=np.uint8).reshape(1, 8, 1)
+    high = ((blocks[:, None, 0:32] >> bit) & np.uint8(1)).reshape(-1, QK_K)
+    codes = _two_bit(blocks[:, 32:96]).astype(np.int8) - ((high ^ 1) << 2).astype(np.int8)
+    scales = _f16(blocks[:, 108:110])[:, None] * _q3_k_scales(blocks[:, 96:108])
+    return _result(codes, scales, None, rows, bits=3, group=16)
+
+
+def _codebook(index: np.ndarray) -> np.ndarray:
+    return np.array(IQ4_NL_VALUES, dtype=np.int8)[index]
+
+
+def _unpack_iq4_nl(raw: np.ndarray) -> QuantizedTensor:
+    """d, then 16 bytes of 4-bit codebook indices laid out as Q4_0's codes."""
+    blocks, rows = _blocks(raw, "IQ4_NL")
+    d = _f16(blocks[:, 0:2])
+    codes = _codebook(np.concatenate(_nibbles(blocks[:, 2:18]), axis=1))
+    return _result(codes, d, None, rows, bits=4, group=32)
+
+
+def _unpack_iq4_xs(raw: np.ndarray) -> QuantizedTensor:
+    """d, scales_h (uint16: bits 2i..2i+1 are the top of sub-block i's 6-bit scale),
+    scales_l (4 bytes: nibble i % 2 of byte i // 2 is its low 4 bits), then per sub-block of
+    32 16 bytes of codebook indices laid out as Q4_0's codes."""
+    blocks, rows = _blocks(raw, "IQ4_XS")
+    d = _f16(blocks[:, 0:2])
+    top = np.ascontiguousarray(blocks[:, 2:4]).view("<u2")  # [blocks, 1]
+    top = ((top >> np.arange(0, 16, 2, dtype=np.uint16)) & np.uint16(3)).astype(np.uint8)
+    low = np.stack(_nibbles(blocks[:, 4:8]), axis=2).reshape(-1, 8)
+    ls = (low | (top << np.uint8(4))).astype(np.float32) - 32
+    index = np.concatenate(_nibbles(blocks[:, 8:136].reshape(-1, 8, 1, 16)), axis=2)
+    codes = _codebook(index.reshape(-1, QK_K))
+    return _result(codes, d[:, None] * ls, None, rows, bits=4, group=32)
+
+
 _Unpacker = Callable[[np.ndarray], QuantizedTensor]
 _UNPACKERS: dict[str, _Unpacker] = {
     "Q4_0": _unpack_q4_0,
@@ -269,5 +347,9 @@ _UNPACKERS: dict[str, _Unpacker] = {
     "Q4_K": _unpack_q4_k,
     "Q5_K": _unpack_q5_k,
     "Q6_K": _unpack_q6_k,
+    "Q2_K": _unpack_q2_k,
+    "Q3_K": _unpack_q3_k,
+    "IQ4_NL": _unpack_iq4_nl,
+    "IQ4_XS": _unpack_iq4_xs,
 }
 _TYPE_SIZES = {kind: GGML_QUANT_SIZES[GGMLQuantizationType[kind]][1] for kind in QUANT_KINDS}

@@ -17,8 +17,9 @@ from typing import Any
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
-from plait.backend.gguf.metadata import GGUFMetadata
+from plait.backend.gguf.metadata import CONTROL_TOKEN, USER_DEFINED_TOKEN, GGUFMetadata
 from plait.backend.gguf.reader import GGUFFile
+from plait.backend.gguf.spm import build_spm
 
 GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 LLAMA3_SPLIT = (
@@ -35,7 +36,6 @@ TEKKEN_SPLIT = (
     r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 SINGLE_DIGITS = r"\p{N}"
-CONTROL, USER_DEFINED = 3, 4  # llama.cpp token types
 
 
 @dataclass(frozen=True)
@@ -62,31 +62,49 @@ PRE_TOKENIZERS: dict[str, PreTokenizerSpec] = {
     "gpt-2": _GPT2,
     "tekken": PreTokenizerSpec((TEKKEN_SPLIT,), ignore_merges=True, add_bos=True),
 }
-TOKENIZER_MODELS = ("gpt2",)
+TOKENIZER_MODELS = ("gpt2", "llama")
 
 
 def load_gguf_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
-    """The tokenizer of the GGUF file at `path`."""
-    return build_tokenizer(GGUFMetadata.from_file(GGUFFile(path)))
+    """The tokenizer of the GGUF file at `path`; a chat template beside the file
+    (`template_beside`) replaces the file's own."""
+    beside = template_beside(Path(path))
+    template = beside.read_text() if beside.is_file() else None
+    return build_tokenizer(GGUFMetadata.from_file(GGUFFile(path)), chat_template=template)
 
 
-def build_tokenizer(meta: GGUFMetadata) -> PreTrainedTokenizerFast:
-    """A transformers fast tokenizer from the file's tokenizer metadata."""
+def template_beside(path: Path) -> Path:
+    """Where a chat template for the GGUF file `path` may lie: `<name>.jinja` next to it."""
+    return path.with_suffix(".jinja")
+
+
+def build_tokenizer(
+    meta: GGUFMetadata, *, chat_template: str | None = None
+) -> PreTrainedTokenizerFast:
+    """A transformers fast tokenizer from the file's tokenizer metadata (`chat_template`:
+    instead of the file's)."""
     fields = meta.fields
     model = fields.get("tokenizer.ggml.model")
     if model not in TOKENIZER_MODELS:
         raise NotImplementedError(
             f"GGUF file {meta.path.name} has tokenizer model {model!r}; "
-            f"plait builds {TOKENIZER_MODELS} (byte-level BPE)"
+            f"plait builds {TOKENIZER_MODELS} (byte-level BPE, SentencePiece)"
         )
-    spec = pre_tokenizer_spec(meta)
     tokens: list[str] = list(fields["tokenizer.ggml.tokens"])
-    backend = Tokenizer(_bpe(tokens, list(fields.get("tokenizer.ggml.merges", [])), spec))
-    backend.pre_tokenizer = _pre_tokenizer(spec)
-    backend.decoder = decoders.ByteLevel()
+    if model == "llama":
+        spec = PreTokenizerSpec((), add_bos=True)  # llama.cpp's SentencePiece default
+        prefix = bool(fields.get("tokenizer.ggml.add_space_prefix", True))
+        backend = build_spm(tokens, add_space_prefix=prefix)
+    else:
+        spec = pre_tokenizer_spec(meta)
+        backend = Tokenizer(_bpe(tokens, list(fields.get("tokenizer.ggml.merges", [])), spec))
+        backend.pre_tokenizer = _pre_tokenizer(spec)
+        backend.decoder = decoders.ByteLevel()
     types = list(fields.get("tokenizer.ggml.token_type", []))
-    backend.add_special_tokens(_added(tokens, types, CONTROL, special=True))
-    backend.add_tokens(_added(tokens, types, USER_DEFINED, special=False))
+    backend.add_special_tokens(_added(tokens, types, CONTROL_TOKEN, special=True))
+    user = _added(tokens, types, USER_DEFINED_TOKEN, special=False)
+    vocab = backend.get_vocab()  # a SentencePiece piece respelled (runs of spaces) is no token
+    backend.add_tokens([t for t in user if t.content in vocab])
     special = _special_tokens(fields, tokens)
     add_bos = bool(fields.get("tokenizer.ggml.add_bos_token", spec.add_bos))
     add_eos = bool(fields.get("tokenizer.ggml.add_eos_token", False))
@@ -95,7 +113,7 @@ def build_tokenizer(meta: GGUFMetadata) -> PreTrainedTokenizerFast:
         backend.post_processor = post
     return PreTrainedTokenizerFast(
         tokenizer_object=backend,
-        chat_template=fields.get("tokenizer.chat_template"),
+        chat_template=chat_template or fields.get("tokenizer.chat_template"),
         model_max_length=int(meta.arch_field("context_length", 4096)),
         clean_up_tokenization_spaces=False,
         **special,

@@ -4,9 +4,8 @@ A request's constraint becomes a `GrammarKey` (kind + normalized text + JSON opt
 `build_grammar` turns a key into an xgrammar `Grammar` (schema rewriting and conversion, the
 regex DFA: the part whose cost has no bound), in a compile worker process (`workers`);
 `compile_built` compiles it against the vocabulary on a thread of the engine's process (cheap:
-token masks are built at first use). Neither runs on the scheduler's thread. Requests with the
-same key share one compilation and, once it is done, one cached `CompiledConstraint` (or its
-error). The scheduler thread owns the cache and the job table, so no locks are needed.
+token masks are built at first use). Neither runs on the scheduler's thread. The cache of
+compiled grammars and running jobs is cache.py's.
 """
 
 from __future__ import annotations
@@ -15,13 +14,11 @@ import dataclasses
 import json
 import re
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import xgrammar as xgr
 
-from plait.backend.constraint_limits import regex_size
 from plait.backend.grammar.layout import COMPACT, COMPACT_SEPARATORS, resolve_layout, schema_grammar
 from plait.backend.grammar.regex_fsm import RegexFSM
 from plait.backend.grammar.schema.rewrite import rewrite_schema
@@ -31,10 +28,8 @@ from plait.backend.grammar.structural_tag import (
     expand_json_schemas,
     normalize_structural_tag,
 )
-from plait.backend.sampling_params import SamplingParams
-
-if TYPE_CHECKING:
-    from plait.backend.grammar.workers import CompileJob, WorkerPool
+from plait.backend.request.limits import regex_size
+from plait.backend.request.sampling_params import SamplingParams
 
 JSON_OBJECT_SCHEMA = '{"type":"object"}'
 MAX_FSM_REGEX_SIZE = 2000  # larger regexes jump forward with xgrammar's string, no own DFA
@@ -203,53 +198,3 @@ def clean_error(exc: BaseException) -> str:
     """xgrammar's message without its log prefix (time, C++ file and line)."""
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return _XGR_PREFIX.sub("", first)
-
-
-class GrammarCache:
-    """Compiled grammars by key (LRU, `capacity` entries), the jobs still compiling (one per
-    key, shared by every request that asks for it), and the keys that failed lately (a
-    failure is not retried for each request that repeats it)."""
-
-    def __init__(self, *, pool: WorkerPool, capacity: int, timeout_s: float) -> None:
-        self.pool = pool
-        self.capacity = max(capacity, 0)
-        self.timeout_s = timeout_s
-        self.entries: OrderedDict[GrammarKey, CompiledConstraint] = OrderedDict()
-        self.failures: OrderedDict[GrammarKey, str] = OrderedDict()
-        self.jobs: dict[GrammarKey, CompileJob] = {}
-
-    def get(self, key: GrammarKey) -> CompiledConstraint | str | None:
-        """The compiled grammar of `key`, the error it failed with lately, or None."""
-        entry = self.entries.get(key)
-        if entry is not None:
-            self.entries.move_to_end(key)
-            return entry
-        return self.failures.get(key)
-
-    def start(self, key: GrammarKey) -> CompileJob:
-        """The job compiling `key`, started now unless one is already running."""
-        job = self.jobs.get(key)
-        if job is None:
-            job = self.pool.submit(key, timeout_s=self.timeout_s)
-            self.jobs[key] = job
-        return job
-
-    def collect(self) -> None:
-        """Move finished compilations into the cache, failed ones into `failures`."""
-        for key, job in list(self.jobs.items()):
-            if job.future.done():
-                del self.jobs[key]
-                exc = job.future.exception()
-                if exc is None:
-                    self._put(self.entries, key, job.future.result())
-                else:
-                    self._put(self.failures, key, str(exc))
-
-    def _put(self, table: OrderedDict[GrammarKey, Any], key: GrammarKey, value: Any) -> None:
-        table[key] = value
-        table.move_to_end(key)
-        while len(table) > self.capacity:
-            table.popitem(last=False)
-
-    def close(self) -> None:
-        self.pool.close()

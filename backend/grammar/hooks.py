@@ -8,7 +8,7 @@ from typing import Protocol
 
 import torch
 
-from plait.backend.req import Req
+from plait.backend.request.req import Req
 
 MaskWaiter = Callable[[], torch.Tensor | None]
 

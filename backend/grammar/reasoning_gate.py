@@ -1,6 +1,6 @@
 """The grammar of a reasoning model's request applies only after its reasoning section.
 
-While the output is inside the reasoning (`plait.backend.reasoning.starts_in_reasoning`), the
+While the output is inside the reasoning (`plait.backend.text.reasoning.starts_in_reasoning`), the
 request's matcher is left alone: its mask row allows every token and sampled tokens are not
 accepted. The gate watches the output's bytes for the end marker; once it is complete the
 grammar applies from the next token. A token that completes the marker and carries text
@@ -15,13 +15,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from plait.backend.grammar.jump_forward import Encoder
-from plait.backend.reasoning import (
+from plait.backend.request.req import Req
+from plait.backend.text.reasoning import (
     PROMPT_TAIL_TOKENS,
     ReasoningFormat,
     request_format,
     starts_in_reasoning,
 )
-from plait.backend.req import Req
 
 
 @dataclass

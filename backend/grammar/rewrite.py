@@ -15,7 +15,7 @@ from plait.backend.grammar.closing import Closer
 from plait.backend.grammar.hooks import Rewrite
 from plait.backend.grammar.jump_forward import Retokenizer
 from plait.backend.grammar.matcher import RequestGrammar
-from plait.backend.req import Req
+from plait.backend.request.req import Req
 
 
 class Rewriter:

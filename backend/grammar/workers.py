@@ -45,6 +45,7 @@ from plait.backend.grammar.compiler import (
     compile_built,
     new_compiler,
 )
+from plait.backend.host import set_process_name
 
 MAX_GRAMMAR_BYTES = 16 << 20  # a serialized grammar (before compilation) larger than this fails
 KILL_WAIT_S = 5.0
@@ -286,8 +287,6 @@ def _built(result: tuple[Any, ...]) -> BuiltGrammar:
 def worker_main() -> None:
     """Entry point of a compile worker: `-c ... JOBS_FD RESULTS_FD`. Builds grammars until
     its jobs pipe closes."""
-    from plait.backend.processes import set_process_name  # (a cycle at import time)
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     set_process_name("plait-grammar")
     jobs = Connection(int(sys.argv[1]), writable=False)

@@ -20,9 +20,9 @@ import xgrammar as xgr
 from transformers import PreTrainedTokenizerBase
 
 from plait.backend.config import EngineConfig
+from plait.backend.grammar.cache import GrammarCache
 from plait.backend.grammar.compiler import (
     CompiledConstraint,
-    GrammarCache,
     GrammarError,
     clean_error,
     grammar_key,
@@ -34,7 +34,7 @@ from plait.backend.grammar.matcher import RequestGrammar
 from plait.backend.grammar.reasoning_gate import make_gate
 from plait.backend.grammar.rewrite import Rewriter
 from plait.backend.grammar.workers import MAX_GRAMMAR_BYTES, CompileJob, WorkerPool
-from plait.backend.req import INTERNAL_ERROR, FinishReason, Req
+from plait.backend.request.req import INTERNAL_ERROR, FinishReason, Req
 from plait.kernels.bitmask import prepare_cpu_kernel
 
 # past the workers' own deadline (which a worker's start may push back), the scheduler gives

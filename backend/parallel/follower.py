@@ -12,11 +12,12 @@ import logging
 import os
 import signal
 import sys
-from typing import TYPE_CHECKING
 
 import torch
 
 from plait.backend.config import EngineConfig
+from plait.backend.host import set_process_name
+from plait.backend.model.runner import ModelRunner
 from plait.backend.parallel.comm import TPComm
 from plait.backend.parallel.launch import (
     ENV_CONFIG,
@@ -26,10 +27,6 @@ from plait.backend.parallel.launch import (
     rank_device,
 )
 from plait.backend.parallel.wire import recv_batch
-from plait.backend.processes import set_process_name
-
-if TYPE_CHECKING:
-    from plait.backend.model_runner import ModelRunner
 
 log = logging.getLogger("plait.parallel")
 
@@ -40,15 +37,11 @@ def follow(runner: ModelRunner) -> None:
     comm = runner.parallel.comm
     with torch.inference_mode():
         while (batch := recv_batch(comm)) is not None:
-            if runner.device.type != "cpu":
-                batch = batch.to(runner.device)
-            runner.model(batch, runner.kv_pool)
+            runner.run(batch)
 
 
 def main() -> int:
     """The follower process: join the group, load, follow; the exit code."""
-    from plait.backend.model_runner import ModelRunner
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     rank = int(os.environ[ENV_RANK])
     set_process_name(f"plait-tp{rank}")

@@ -12,7 +12,6 @@ exits 1 after killing its ranks).
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import json
 import logging
@@ -28,10 +27,11 @@ from collections.abc import Callable
 import torch
 
 from plait.backend.config import EngineConfig
+from plait.backend.devices import pick_device
+from plait.backend.host import die_with_parent
 from plait.backend.parallel.comm import TPComm
 
 log = logging.getLogger("plait.parallel")
-PR_SET_PDEATHSIG = 1
 WATCH_S = 0.2
 EXIT_WAIT_S = 1.0  # how long a failed collective waits to learn whether a rank exited
 ENV_CONFIG, ENV_RANK, ENV_INIT = "PLAIT_TP_CONFIG", "PLAIT_TP_RANK", "PLAIT_TP_INIT"
@@ -45,8 +45,6 @@ def node_ranks(config: EngineConfig) -> range:
 
 def rank_device(config: EngineConfig, rank: int) -> torch.device:
     """Rank `rank`'s device: its own GPU on CUDA (by its index on the machine), else the CPU."""
-    from plait.backend.model_runner import pick_device
-
     device = pick_device(config.device)
     if device.type == "cuda":
         return torch.device("cuda", rank % (config.tp // config.nnodes))
@@ -66,11 +64,10 @@ def spawn_rank(config: EngineConfig, rank: int, init_addr: str) -> subprocess.Po
     env = dict(os.environ)
     env[ENV_CONFIG] = json.dumps(dataclasses.asdict(config))
     env[ENV_RANK], env[ENV_INIT] = str(rank), init_addr
-    libc = ctypes.CDLL(None, use_errno=True)
     return subprocess.Popen(
         [sys.executable, "-m", "plait.backend.parallel.follower"],
         env=env, stdin=subprocess.DEVNULL,
-        preexec_fn=lambda: libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0),
+        preexec_fn=die_with_parent(signal.SIGKILL),
     )  # fmt: skip
 
 
@@ -142,6 +139,15 @@ class TensorParallel:
                 if code is not None and not self._closing.is_set():
                     self.fail(f"tensor-parallel rank process {proc.pid} exited (code {code})")
                     return
+
+    def abort(self) -> None:
+        """Setup failed: kill the ranks started here and leave the group (no stop message:
+        the ranks may be out of step)."""
+        self._closing.set()
+        try:
+            kill_all(self.procs)
+        finally:
+            self.comm.close()
 
     def close(self, stop: Callable[[], None]) -> None:
         """Stop the followers (`stop` broadcasts the stop), wait for them, leave the group."""

@@ -12,9 +12,9 @@ at multiples of 16 rows (the packed weights' row blocks).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from plait.backend.model_config import ModelConfig
+from plait.backend.model.config import ModelConfig
 
 VOCAB_ALIGN = 16
 
@@ -36,8 +36,6 @@ class ShardPlan:
     def local_config(self, cfg: ModelConfig) -> ModelConfig:
         """The model config this rank's layers are built with (the vocabulary stays whole:
         the sampler sees gathered logits)."""
-        from dataclasses import replace
-
         return replace(
             cfg,
             num_heads=self.heads[1] - self.heads[0],

@@ -15,12 +15,14 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from plait.backend.model import MLP, Attention, DecoderLayer, LlamaForCausalLM
-from plait.backend.model_config import ModelConfig
+from plait.backend.model.config import ModelConfig
+from plait.backend.model.layers import MLP, Attention, CausalLM, DecoderLayer
+from plait.backend.model.quantized import QuantEmbedding, QuantLinear
+from plait.backend.model.registry import family_named
+from plait.backend.model.weights import merged_rows
 from plait.backend.parallel.comm import TPComm
 from plait.backend.parallel.layers import RowParallel, VocabParallelEmbedding, VocabParallelHead
 from plait.backend.parallel.plan import ShardPlan
-from plait.backend.quantized import QuantEmbedding, QuantLinear
 from plait.kernels.quant_weight import QuantWeight
 
 Ranges = Sequence[tuple[int, int]]
@@ -101,17 +103,34 @@ def slice_linear(
 
 def qkv_rows(cfg: ModelConfig, plan: ShardPlan) -> list[tuple[int, int]]:
     """The rows of the merged q/k/v weight that belong to `plan`'s heads."""
-    d, q, kv = cfg.head_dim, cfg.q_size, cfg.kv_size
+    d = cfg.head_dim
     (h0, h1), (k0, k1) = plan.heads, plan.kv_heads
-    return [(h0 * d, h1 * d), (q + k0 * d, q + k1 * d), (q + kv + k0 * d, q + kv + k1 * d)]
+    return merged_rows(cfg, "qkv_proj", [(h0 * d, h1 * d), (k0 * d, k1 * d), (k0 * d, k1 * d)])
 
 
-def shard_model(model: LlamaForCausalLM, *, plan: ShardPlan, comm: TPComm) -> LlamaForCausalLM:
+def gate_up_rows(cfg: ModelConfig, plan: ShardPlan) -> list[tuple[int, int]]:
+    """The rows of the merged gate/up weight that belong to `plan`'s intermediate columns."""
+    return merged_rows(cfg, "gate_up_proj", [plan.inter, plan.inter])
+
+
+def shardable(cfg: ModelConfig) -> str | None:
+    """Why `cfg`'s model cannot be cut into tensor-parallel slices (None: it can)."""
+    reason = family_named(cfg.family).tensor_parallel
+    if reason is None and cfg.qk_norm == "full":
+        reason = "its q/k norms span every head (one rank holds only some)"
+    return reason
+
+
+def shard_model(model: CausalLM, *, plan: ShardPlan, comm: TPComm) -> CausalLM:
     """Cut `model` (loaded whole) down to `plan`'s slices, in place; returns it."""
     full = model.cfg
+    reason = shardable(full)
+    if reason is not None:
+        raise NotImplementedError(
+            f"tensor parallelism cannot shard a {full.family} model: {reason}"
+        )
     local = plan.local_config(full)
     (h0, h1), (i0, i1), d = plan.heads, plan.inter, full.head_dim
-    inter = full.intermediate_size
     for layer in model.layers:
         attn, mlp = layer.self_attn, layer.mlp
         assert isinstance(attn, Attention) and isinstance(mlp, MLP)
@@ -119,7 +138,7 @@ def shard_model(model: LlamaForCausalLM, *, plan: ShardPlan, comm: TPComm) -> Ll
         o = slice_linear(attn.o_proj, cols=(h0 * d, h1 * d), bias=plan.rank == 0)
         attn.o_proj = RowParallel(o, comm=comm)
         attn.cfg = local
-        mlp.gate_up_proj = slice_linear(mlp.gate_up_proj, rows=[(i0, i1), (inter + i0, inter + i1)])
+        mlp.gate_up_proj = slice_linear(mlp.gate_up_proj, rows=gate_up_rows(full, plan))
         down = slice_linear(mlp.down_proj, cols=(i0, i1), bias=plan.rank == 0)
         mlp.down_proj = RowParallel(down, comm=comm)
     _shard_vocab(model, plan=plan, comm=comm)
@@ -127,7 +146,7 @@ def shard_model(model: LlamaForCausalLM, *, plan: ShardPlan, comm: TPComm) -> Ll
     return model
 
 
-def _shard_vocab(model: LlamaForCausalLM, *, plan: ShardPlan, comm: TPComm) -> None:
+def _shard_vocab(model: CausalLM, *, plan: ShardPlan, comm: TPComm) -> None:
     """Vocabulary-parallel embedding and LM head (a tied pair keeps sharing one slice)."""
     embed, head = model.embed_tokens, model.lm_head
     rows = [plan.vocab]
@@ -154,13 +173,13 @@ def _shard_vocab(model: LlamaForCausalLM, *, plan: ShardPlan, comm: TPComm) -> N
     model.lm_head = VocabParallelHead(new_head, sizes=plan.vocab_sizes, comm=comm)
 
 
-def inter_align(model: LlamaForCausalLM) -> int:
+def inter_align(model: CausalLM) -> int:
     """Where the intermediate dimension may be cut: the largest quantization group of the
     down projections (16 for float ones)."""
     groups = [16]
     for layer in model.layers:
         assert isinstance(layer, DecoderLayer)
-        down = layer.mlp.down_proj
+        down = getattr(layer.mlp, "down_proj", None)  # none in a mixture of experts
         if isinstance(down, QuantLinear):
             groups.append(down.qweight.group)
     return max(groups)

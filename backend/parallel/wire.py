@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from plait.backend.forward_batch import ForwardBatch
+from plait.backend.model.forward_batch import ForwardBatch
 from plait.backend.parallel.comm import TPComm
 
 OP_STOP, OP_FORWARD = 0, 1

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import dataclasses
 import logging
 import os
@@ -38,15 +37,15 @@ import httpx
 import uvicorn
 
 from plait.backend.config import EngineConfig
+from plait.backend.host import die_with_parent
 from plait.backend.router.config import RouterConfig
 from plait.backend.router.server import Terminated, make_server, raise_terminated
 from plait.backend.router.workers import WorkerPool
-from plait.backend.server.launch import ServerArgs, settings_flags
+from plait.backend.server.args import ServerArgs, settings_flags
 
 START_TIMEOUT_S = 600.0
 STOP_TIMEOUT_S = 15.0
 POLL_S = 0.2
-PR_SET_PDEATHSIG = 1
 
 log = logging.getLogger("plait.router")
 
@@ -69,7 +68,6 @@ class WorkerProcesses:
             engine = dataclasses.replace(engine, mem_fraction=engine.mem_fraction / self.dp)
         if not _uses_cuda(engine):  # --num-threads is the machine's total: the workers share it
             engine = dataclasses.replace(engine, num_threads=max(1, engine.num_threads // self.dp))
-        libc = ctypes.CDLL(None, use_errno=True)
         for i, port in enumerate(self.ports):
             env = dict(os.environ)
             if devices is not None:
@@ -77,7 +75,7 @@ class WorkerProcesses:
             command = worker_command(self.args, engine, port) + self._key_flags()
             proc = subprocess.Popen(
                 command, env=env, stdin=subprocess.DEVNULL, start_new_session=True,
-                preexec_fn=lambda: libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0),
+                preexec_fn=die_with_parent(signal.SIGTERM),
             )  # fmt: skip
             self.procs.append(proc)
             log.info("worker %d: pid %d, %s", i, proc.pid, self.urls[i])

@@ -14,7 +14,6 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
-from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -22,12 +21,13 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from plait.backend.engine import Engine
-from plait.backend.request_checks import RequestError
-from plait.backend.server.auth import AuthConfig, AuthMiddleware
-from plait.backend.server.chat_render import ChatRenderer, TemplateLimits
+from plait.backend.engine.engine import Engine
+from plait.backend.request.checks import RequestError
+from plait.backend.server.args import ServerSettings
+from plait.backend.server.auth import AuthMiddleware
 from plait.backend.server.native_api import NativeApi
 from plait.backend.server.openai_api import OpenAIApi
+from plait.backend.server.openapi import install as install_openapi
 from plait.backend.server.protocol import (
     ApiError,
     SafeJSONResponse,
@@ -35,28 +35,18 @@ from plait.backend.server.protocol import (
     validation_message,
 )
 from plait.backend.server.serving import ServerContext
+from plait.backend.text.chat_template import ChatRenderer, TemplateLimits
 
 WATCH_INTERVAL_S = 0.1
 STATS_TIMEOUT_S = 5.0
-DEFAULT_MAX_BODY_BYTES = 16 << 20
 
 log = logging.getLogger("plait.server")
 
 
-@dataclass(frozen=True)
-class ServerSettings:
-    """HTTP-side settings: the name the model is served under; who may call (`auth`); the
-    largest request body; whether a request may bring its own chat template, and the bounds
-    templates render under; after how long without a scheduler heartbeat /health reports
-    503; how long to keep reporting unhealthy before shutting down after a child died."""
+class MetricsResponse(PlainTextResponse):
+    """Prometheus' text exposition format."""
 
-    model_name: str | None = None
-    auth: AuthConfig = field(default_factory=AuthConfig)
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    allow_request_chat_template: bool = False
-    template_timeout_s: float = 5.0
-    health_stall_s: float = 30.0
-    fatal_grace_s: float = 1.0
+    media_type = "text/plain; version=0.0.4"
 
 
 class BodyTooLarge(Exception):
@@ -133,7 +123,11 @@ def create_app(
     _add_error_handlers(app)
     app.include_router(OpenAIApi(ctx).router())
     app.include_router(NativeApi(ctx).router())
-    app.add_api_route("/metrics", _metrics_endpoint(ctx), methods=["GET"])
+    app.add_api_route(
+        "/metrics", _metrics_endpoint(ctx), methods=["GET"], response_class=MetricsResponse,
+        responses={200: {"description": "Prometheus text format"}},
+    )  # fmt: skip
+    install_openapi(app)
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
     app.add_middleware(AuthMiddleware, auth=settings.auth)  # outermost: runs first
     return app
@@ -165,12 +159,12 @@ async def _watch(engine: Engine, *, grace_s: float, on_fatal: Callable[[], None]
 
 
 def _metrics_endpoint(ctx: ServerContext) -> Callable[[], object]:
-    async def metrics() -> PlainTextResponse:
+    async def metrics() -> MetricsResponse:
         try:
             stats = await asyncio.wait_for(ctx.engine.async_stats(), STATS_TIMEOUT_S)
         except (RuntimeError, TimeoutError):
             stats = None
-        return PlainTextResponse(ctx.metrics.render(stats), media_type="text/plain; version=0.0.4")
+        return MetricsResponse(ctx.metrics.render(stats))
 
     return metrics
 
@@ -191,7 +185,12 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     async def on_http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, HTTPException)
-        return SafeJSONResponse(error_body(exc.status_code, str(exc.detail)), exc.status_code)
+        headers = dict(exc.headers or {})
+        methods = _methods_of(request.app, request.url.path)
+        if exc.status_code == 405 and methods:  # all of the path's (a route has only one)
+            headers["Allow"] = ", ".join(methods)
+        body = error_body(exc.status_code, str(exc.detail))
+        return SafeJSONResponse(body, exc.status_code, headers=headers)
 
     async def on_other(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error in %s", request.url.path, exc_info=exc)
@@ -202,3 +201,9 @@ def _add_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(HTTPException, on_http)
     app.add_exception_handler(Exception, on_other)
+
+
+def _methods_of(app: FastAPI, path: str) -> list[str]:
+    """The methods /openapi.json documents at `path`."""
+    operations = app.openapi().get("paths", {}).get(path, {})
+    return sorted(method.upper() for method in operations)

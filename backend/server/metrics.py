@@ -13,8 +13,8 @@ import threading
 import time
 from collections.abc import Sequence
 
-from plait.backend.messages import ReqStrOut, Stats
-from plait.backend.tokenizer_manager import RequestState
+from plait.backend.engine.tokenizer_manager import RequestState
+from plait.backend.request.messages import ReqStrOut, Stats
 
 LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 30.0, 60.0

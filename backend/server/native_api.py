@@ -21,10 +21,12 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from plait.backend.profiler import ProfileRequest
-from plait.backend.request_checks import prompt_batch
+from plait.backend.request.checks import prompt_batch
+from plait.backend.scheduler.profiler import ProfileRequest
 from plait.backend.server.auth import caller_of
-from plait.backend.server.protocol import AbortBody, ApiError, GenerateRequest, error_body
+from plait.backend.server.native_protocol import GenerateRequest, ProfileBody
+from plait.backend.server.openapi import empty, errors, json_or_sse, optional_json_body, text
+from plait.backend.server.protocol import AbortBody, ApiError, error_body
 from plait.backend.server.serving import (
     Chunks,
     Events,
@@ -55,17 +57,34 @@ class NativeApi:
 
     def router(self) -> APIRouter:
         router = APIRouter()
-        add = router.add_api_route
-        add("/generate", self.generate, methods=["POST", "PUT"], response_model=None)
-        add("/get_model_info", self.get_model_info, methods=["GET"])
-        add("/get_server_info", self.get_server_info, methods=["GET"])
-        add("/flush_cache", self.flush_cache, methods=["GET", "POST"])
-        add("/abort_request", self.abort_request, methods=["POST"])
-        add("/health", self.health, methods=["GET"])
-        add("/health_generate", self.health_generate, methods=["GET"])
-        add("/start_profile", self.start_profile, methods=["GET", "POST"])
-        add("/stop_profile", self.stop_profile, methods=["GET", "POST"])
-        add("/concate_and_append_request", self.concate_and_append, methods=["POST"])
+
+        def add(path: str, handler: Any, *methods: str, **options: Any) -> None:
+            for method in methods:  # one route per method: each its own operation id
+                router.add_api_route(path, handler, methods=[method], **options)
+
+        generation = {**json_or_sse("a result, or a list of them; or their events"),
+                      **errors(400, 503)}  # fmt: skip
+        add("/generate", self.generate, "POST", "PUT", response_model=None, responses=generation)
+        for path in ("/get_model_info", "/model_info"):  # SGLang's old and new names
+            add(path, self.get_model_info, "GET")
+        for path in ("/get_server_info", "/server_info"):
+            add(path, self.get_server_info, "GET")
+        flushed = {**text(200, "flushed"), **text(400, "not flushed: requests are running")}
+        plain = {"response_class": PlainTextResponse}
+        add("/flush_cache", self.flush_cache, "GET", "POST", responses=flushed, **plain)
+        bare = {"response_class": Response}
+        add("/abort_request", self.abort_request, "POST", **bare,
+            responses={**empty("aborted (or nothing to abort)"), **errors(400, 403)})  # fmt: skip
+        health = {**empty("serving"), **errors(503)}
+        add("/health", self.health, "GET", responses=health, **bare)
+        add("/health_generate", self.health_generate, "GET", responses=health, **bare)
+        profile = {**text(200, "done"), **errors(400)}
+        add("/start_profile", self.start_profile, "GET", responses=profile, **plain)
+        add("/start_profile", self.start_profile, "POST", responses=profile, **plain,
+            openapi_extra=optional_json_body(ProfileBody))  # fmt: skip
+        add("/stop_profile", self.stop_profile, "GET", "POST", responses=profile, **plain)
+        add("/concate_and_append_request", self.concate_and_append, "POST",
+            include_in_schema=False)  # answers 501: not part of plait's API  # fmt: skip
         return router
 
     async def generate(self, body: GenerateRequest, request: Request) -> Any:
@@ -101,10 +120,15 @@ class NativeApi:
         }
 
     async def get_server_info(self) -> dict[str, Any]:
+        """The engine config and live stats, with SGLang's names: `served_model_name` (SGLang's
+        Model Gateway names the model by it) and `model_path` / `tokenizer_path`, the
+        directory of the model's files (the gateway loads its tokenizer from there)."""
         engine = self.ctx.engine
         return {
             **dataclasses.asdict(engine.config),
             "model_path": engine.info.model_path,
+            "served_model_name": self.ctx.model_name,
+            "tokenizer_path": engine.info.model_path,
             "context_length": engine.info.context_len,
             "max_total_num_tokens": engine.info.kv_tokens,
             "stats": dataclasses.asdict(await engine.async_stats()),
@@ -185,6 +209,8 @@ def _version() -> str:
 def generate_jobs(ctx: ServerContext, req: GenerateRequest) -> tuple[list[Job], bool]:
     """One Job per prompt; the flag says a single (non-batch) prompt was given. (Tokenizes:
     runs on the preparation threads.)"""
+    ctx.check_model(req.model)
+    req.check_supported()
     prompts = prompt_batch(
         text=req.text, input_ids=req.input_ids, encode=ctx.encode, max_chars=ctx.max_prompt_chars
     )

@@ -14,14 +14,15 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from plait.backend.request_checks import check_text, prompt_batch
-from plait.backend.sampling_params import CONSTRAINT_FIELDS, WIRE
+from plait.backend.request.checks import check_text, prompt_batch
+from plait.backend.request.sampling_params import CONSTRAINT_FIELDS, WIRE
 from plait.backend.server.openai_format import (
     chat_chunks,
     chat_response,
     completion_chunks,
     completion_response,
 )
+from plait.backend.server.openapi import errors, json_or_sse
 from plait.backend.server.protocol import (
     OPENAI_NAMES,
     ApiError,
@@ -67,11 +68,13 @@ class OpenAIApi:
     def router(self) -> APIRouter:
         router = APIRouter()
         add = router.add_api_route
+        generation = {**json_or_sse("the response, or its chunks"), **errors(400, 503)}
         add("/v1/models", self.models, methods=["GET"])
-        add("/v1/completions", self.completions, methods=["POST"], response_model=None)
-        add("/v1/chat/completions", self.chat, methods=["POST"], response_model=None)
-        add("/tokenize", self.tokenize, methods=["POST"])
-        add("/detokenize", self.detokenize, methods=["POST"])
+        for path, handler in (("/v1/completions", self.completions),
+                              ("/v1/chat/completions", self.chat)):  # fmt: skip
+            add(path, handler, methods=["POST"], response_model=None, responses=generation)
+        add("/tokenize", self.tokenize, methods=["POST"], responses=errors(400))
+        add("/detokenize", self.detokenize, methods=["POST"], responses=errors(400))
         return router
 
     async def models(self) -> dict[str, Any]:
@@ -108,7 +111,7 @@ class OpenAIApi:
 
 def tokenize(ctx: ServerContext, body: TokenizeRequest) -> dict[str, Any]:
     """Token ids of a prompt (or of chat messages rendered by the template)."""
-    check_model(ctx, body.model)
+    ctx.check_model(body.model)
     if (body.prompt is None) == (body.messages is None):
         raise ApiError(400, "prompt: give prompt or messages, not both", param="prompt")
     if body.messages is not None:
@@ -138,7 +141,7 @@ def tokenize(ctx: ServerContext, body: TokenizeRequest) -> dict[str, Any]:
 
 def detokenize(ctx: ServerContext, body: DetokenizeRequest) -> dict[str, Any]:
     """The text of token ids."""
-    check_model(ctx, body.model)
+    ctx.check_model(body.model)
     ctx.check_ids(body.tokens, field="tokens")
     return {"prompt": str(ctx.engine.tokenizer.decode(body.tokens))}
 
@@ -150,21 +153,12 @@ def model_card(ctx: ServerContext) -> dict[str, Any]:
         "object": "model",
         "created": ctx.created,
         "owned_by": "plait",
-        "root": info.model_path,
+        "root": info.model,
         "max_model_len": info.context_len,
     }
 
 
 # --- requests -> jobs ---------------------------------------------------------------------
-def check_model(ctx: ServerContext, model: str | None) -> None:
-    """A 400 unless `model` (when given) is the one this server serves."""
-    if model is not None and not ctx.known_model(model):
-        raise ApiError(
-            400, f"model: unknown model {model!r}; this server serves {ctx.model_name!r}",
-            param="model",
-        )  # fmt: skip
-
-
 def sampling_fields(req: OpenAISampling) -> tuple[dict[str, Any], dict[str, str]]:
     """The engine's fields of an OpenAI request (its sampling fields, plus the constraint
     given through response_format or vLLM's fields, each constraint at most once), and how
@@ -227,7 +221,7 @@ def format_fields(fmt: ResponseFormat | None) -> dict[str, Any]:
 
 
 def completion_jobs(ctx: ServerContext, req: CompletionRequest) -> list[Job]:
-    check_model(ctx, req.model)
+    ctx.check_model(req.model)
     if req.suffix:
         raise ApiError(400, "suffix: not supported by plait", param="suffix")
     fields, names = sampling_fields(req)
@@ -260,7 +254,7 @@ def prompt_fields(prompt: str | list[str] | list[int] | list[list[int]]) -> dict
 
 
 def chat_jobs(ctx: ServerContext, req: ChatCompletionRequest) -> list[Job]:
-    check_model(ctx, req.model)
+    ctx.check_model(req.model)
     plan = plan_tools(req)
     if req.top_logprobs and not req.logprobs:
         raise ApiError(400, "top_logprobs: requires logprobs=true", param="top_logprobs")

@@ -14,13 +14,6 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from plait.backend.reasoning import (
-    PROMPT_TAIL_TOKENS,
-    ReasoningSplitter,
-    Split,
-    request_format,
-    starts_in_reasoning,
-)
 from plait.backend.server.protocol import ChatCompletionRequest, CompletionRequest, OpenAISampling
 from plait.backend.server.serving import (
     Chunks,
@@ -32,6 +25,13 @@ from plait.backend.server.serving import (
     request_warnings,
 )
 from plait.backend.server.tool_calls import ToolCallStream, plan_tools, split_tool_calls
+from plait.backend.text.reasoning import (
+    PROMPT_TAIL_TOKENS,
+    ReasoningSplitter,
+    Split,
+    request_format,
+    starts_in_reasoning,
+)
 
 Token = tuple[float, int]
 

@@ -2,8 +2,8 @@
 
 OpenAI-compatible requests (`CompletionRequest`, `ChatCompletionRequest`) ignore unknown
 fields, as OpenAI's own clients send a few more than any server implements; SGLang's native
-`GenerateRequest` forbids them. Every validation error becomes HTTP 400 with a message that
-names the field (`validation_message`).
+`GenerateRequest` (`native_protocol`) forbids them. Every validation error becomes HTTP 400
+with a message that names the field (`validation_message`).
 """
 
 from __future__ import annotations
@@ -15,9 +15,15 @@ from typing import Any, Literal
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from plait.backend.sampling_params import MAX_TOP_LOGPROBS, OPENAI_FIELDS, VLLM_FIELDS, VLLM_GUIDED
+from plait.backend.request.sampling_params import (
+    MAX_TOP_LOGPROBS,
+    OPENAI_FIELDS,
+    VLLM_FIELDS,
+    VLLM_GUIDED,
+)
 
 OPENAI_NAMES = {name: openai for openai, name in OPENAI_FIELDS.items()}
+ErrorKind = Literal["invalid_request_error", "server_error"]
 UNION_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
 
 
@@ -31,10 +37,26 @@ class ApiError(Exception):
         self.param = param
 
 
+class ErrorDetail(BaseModel):
+    """What went wrong: `param` names the offending field (null when none is to blame)."""
+
+    message: str
+    type: ErrorKind
+    param: str | None
+    code: int
+
+
+class ErrorBody(BaseModel):
+    """Every error's body, as OpenAI sends it (SGLang's clients read `error.message`)."""
+
+    error: ErrorDetail
+
+
 def error_body(status: int, message: str, *, param: str | None = None) -> dict[str, Any]:
-    """`{"error": {...}}` as OpenAI sends it (SGLang's clients read `error.message`)."""
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+    """The `ErrorBody` of an error, as JSON-ready data."""
+    kind: ErrorKind = "invalid_request_error" if status < 500 else "server_error"
+    detail = ErrorDetail(message=message, type=kind, param=param, code=status)
+    return ErrorBody(error=detail).model_dump()
 
 
 class SafeJSONResponse(JSONResponse):
@@ -61,7 +83,10 @@ def validation_message(errors: Sequence[Any]) -> tuple[str, str | None]:
 
 
 def _is_union_tag(part: object) -> bool:
-    return isinstance(part, str) and ("[" in part or part in UNION_TAGS)
+    """A union member's tag in an error's location: `list[int]`, `str`, `constrained-int`."""
+    if not isinstance(part, str):
+        return False
+    return "[" in part or part in UNION_TAGS or part.startswith("constrained-")
 
 
 # --- shared OpenAI request fields ---------------------------------------------------------
@@ -232,7 +257,7 @@ class ChatCompletionRequest(OpenAISampling):
 class TokenizeRequest(BaseModel):
     """POST /tokenize (vLLM's): a prompt, or chat messages through the chat template."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str | None = None
     prompt: str | None = None
@@ -246,40 +271,17 @@ class TokenizeRequest(BaseModel):
 class DetokenizeRequest(BaseModel):
     """POST /detokenize (vLLM's): token ids back to text."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str | None = None
     tokens: list[int]
 
 
-# --- SGLang's native API ------------------------------------------------------------------
-class GenerateRequest(BaseModel):
-    """POST /generate, in SGLang's `GenerateReqInput` format (text-only fields)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    text: str | list[str] | None = None
-    input_ids: list[int] | list[list[int]] | None = None
-    sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
-    rid: str | list[str] | None = None
-    return_logprob: bool | list[bool] | None = None
-    logprob_start_len: int | list[int] | None = None
-    top_logprobs_num: int | list[int] | None = None
-    return_text_in_logprobs: bool = False
-    stream: bool = False
-    log_metrics: bool = True
-    image_data: None = None
-    audio_data: None = None
-    video_data: None = None
-    lora_path: None = None
-    token_ids_logprob: None = None
-    custom_logit_processor: None = None
-    return_hidden_states: Literal[False] = False
-    modalities: list[Any] | None = None
-
-
+# --- SGLang's native API (GenerateRequest: native_protocol) ---------------------------
 class AbortBody(BaseModel):
     """POST /abort_request."""
+
+    model_config = ConfigDict(strict=True)
 
     rid: str = ""
     abort_all: bool = False

@@ -23,14 +23,14 @@ from typing import Any, TypeVar
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from plait.backend.engine import Engine
-from plait.backend.req import INTERNAL_ERROR
-from plait.backend.request_checks import check_lengths, check_token_ids
-from plait.backend.sampling_params import SamplingParams
+from plait.backend.engine.engine import Engine
+from plait.backend.request.checks import check_lengths, check_token_ids
+from plait.backend.request.req import INTERNAL_ERROR
+from plait.backend.request.sampling_params import SamplingParams
 from plait.backend.server.auth import caller_of
-from plait.backend.server.chat_render import ChatRenderer
 from plait.backend.server.metrics import ServerMetrics
 from plait.backend.server.protocol import ApiError, error_body
+from plait.backend.text.chat_template import ChatRenderer
 
 T = TypeVar("T")
 LEADING_FIELD = re.compile(r"^(?:sampling_params\.)?([A-Za-z_][\w.]*(?:\[\d+\])?): ")
@@ -83,6 +83,12 @@ class ServerContext:
     def known_model(self, name: str) -> bool:
         info = self.engine.info
         return name in (self.model_name, info.model, info.model_path, "default")
+
+    def check_model(self, model: str | None) -> None:
+        """A 400 unless `model` (when given) is the one this server serves."""
+        if model is not None and not self.known_model(model):
+            message = f"model: unknown model {model!r}; this server serves {self.model_name!r}"
+            raise ApiError(400, message, param="model")
 
     def encode(self, text: str) -> list[int]:
         return self.engine.tokenizer_manager.encode(text)

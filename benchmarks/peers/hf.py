@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from plait.backend.builtin_models import resolve_model_path
+from plait.backend.model.builtin import resolve_model_path
 
 OnDone = Callable[[Sequence[int]], None]
 HF_BATCH = 16

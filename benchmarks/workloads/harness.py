@@ -147,7 +147,7 @@ class PlaitTarget:
     def __init__(self, system: PlaitSystem, kv_tokens: int) -> None:
         from transformers import AutoTokenizer
 
-        from plait.backend.builtin_models import resolve_model_path
+        from plait.backend.model.builtin import resolve_model_path
 
         self.system = system
         self.tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(MODEL))

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from plait.backend.reasoning import Split, request_format, split_output
+from plait.backend.text.reasoning import Split, request_format, split_output
 from plait.chat_template import ChatTemplate
 from plait.select_methods import ChoiceLogprobs, choose
 
@@ -53,7 +53,7 @@ class Backend(ABC):
 
     @property
     def reasoning_parser(self) -> str | None:
-        """The model's reasoning format (`plait.backend.reasoning`), or None."""
+        """The model's reasoning format (`plait.backend.text.reasoning`), or None."""
         return None
 
     def split_reasoning(self, prompt: str, params: dict[str, Any], out: GenOutput) -> Split | None:

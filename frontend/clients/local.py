@@ -1,13 +1,20 @@
-"""`LocalBackend`: programs run on an in-process Engine (default model plait-tiny)."""
+"""`LocalBackend`: programs run on an in-process Engine (default model plait-tiny).
+
+The runtime (torch, the model, the grammar backend) is loaded when the first LocalBackend
+makes its Engine: `plait.backend` resolves `Engine` on first use, so `import plait` stays
+light for programs on an HTTP or OpenAI backend."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from plait.backend.engine import Engine
+import plait.backend as runtime
 from plait.chat_template import SPECIAL_TOKENS, ChatTemplate
 from plait.clients.base import Backend, ChoiceLogprobs, GenOutput, OnText
+
+if TYPE_CHECKING:
+    from plait.backend.engine.engine import Engine
 
 
 class LocalBackend(Backend):
@@ -23,7 +30,7 @@ class LocalBackend(Backend):
         chat_template_kwargs: dict[str, Any] | None = None,
         **engine_config: Any,
     ):
-        self.engine = engine or Engine(model, **engine_config)
+        self.engine = engine or runtime.Engine(model, **engine_config)
         self._owns_engine = engine is None
         tok = self.engine.tokenizer
         tokens = {name: getattr(tok, name, None) for name in SPECIAL_TOKENS}

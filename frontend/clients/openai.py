@@ -13,8 +13,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from plait.backend.reasoning import Split
-from plait.backend.sampling_params import OPENAI_STANDARD
+from plait.backend.request.sampling_params import OPENAI_STANDARD
+from plait.backend.text.reasoning import Split
 from plait.chat_template import CHATML, ChatTemplate
 from plait.clients.base import Backend, ChoiceLogprobs, GenOutput, OnText, UnsupportedError
 from plait.clients.transport import HttpError, LoopClients

@@ -16,6 +16,7 @@ xgrammar applies a string's `pattern` and ignores its length bounds. The pattern
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import Counter
 from collections.abc import Iterable
@@ -44,19 +45,29 @@ def lengths_into_pattern(node: dict[str, Any]) -> dict[str, Any]:
         return node
     if ("minLength" not in node and hi is None) or max(lo, hi or 0) > MAX_LENGTH_BOUND:
         return node
-    fsm = _dfa(pattern)
-    if fsm is None:
+    folded = _folded(pattern, lo, hi)
+    if folded is None:
         return node
     rest = {k: v for k, v in node.items() if k not in ("minLength", "maxLength")}
+    return rest if folded == pattern else {**rest, "pattern": folded}
+
+
+@functools.lru_cache(maxsize=256)  # a schema repeats its (format) patterns field after field
+def _folded(pattern: str, lo: int, hi: int | None) -> str | None:
+    """The pattern whose matches are `pattern`'s of length lo..hi (`pattern` itself when
+    every match fits), or None where that cannot be built exactly and in bounds."""
+    fsm = _dfa(pattern)
+    if fsm is None:
+        return None
     shortest, longest = match_lengths(fsm)
     fits_above = shortest is not None and lo <= shortest
     if fits_above and (hi is None or (longest is not None and longest <= hi)):
-        return rest  # every match has an allowed length
+        return pattern  # every match has an allowed length
     try:
         body = _Product(fsm, lo, hi).expression(fsm.initial, 0)
     except (_TooLarge, RecursionError):
-        return node
-    return node if body is None else {**rest, "pattern": f"^{body}$"}
+        return None
+    return None if body is None else f"^{body}$"
 
 
 def _bounds_ok(lo: object, hi: object) -> bool:

@@ -17,35 +17,32 @@ import copy
 import json
 from typing import Any
 
+from plait.backend.grammar.schema.booleans import booleans_as_objects
+from plait.backend.grammar.schema.formats import format_patterns
 from plait.backend.grammar.schema.lengths import lengths_into_pattern
+from plait.backend.grammar.schema.refs import resolve_refs
+from plait.backend.grammar.schema.types import negations, split_by_type, whole_counts
 from plait.backend.grammar.schema.utils import (
     ANNOTATIONS,
     MAX_INTEGER_STEP,
+    SUBSCHEMA_LISTS,
+    SUBSCHEMA_MAPS,
+    SUBSCHEMA_ONES,
     pattern_shape,
     resolve_ref,
 )
 
 COMBINATORS = ("allOf", "anyOf", "oneOf")
-MAP_KEYS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-LIST_KEYS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
-ONE_KEYS = (
-    "items",
-    "additionalProperties",
-    "additionalItems",
-    "not",
-    "if",
-    "then",
-    "else",
-    "contains",
-    "propertyNames",
-    "unevaluatedProperties",
-    "unevaluatedItems",
-)
+LIST_KEYS = (*SUBSCHEMA_LISTS, "items")  # draft 4: `items` as a list
 LOWER_BOUNDS = ("minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties")
 UPPER_BOUNDS = ("maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties")
+# Keywords read together within one schema object: merging two objects that each hold some
+# of a group would make one's keyword apply to the other's (`if` of one, `then` of another).
+SIBLING_GROUPS = (("if", "then", "else"), ("contains", "minContains", "maxContains"))
 TUPLE_KEYS = ("prefixItems", "items", "additionalItems", "unevaluatedItems")
 MAX_DEPTH = 4
 MAX_STEPS = 5000
+MAX_COPIED_CHARS = 2_000_000  # JSON the merges may copy, in all (a small schema can ask more)
 
 
 class _Never:
@@ -54,21 +51,6 @@ class _Never:
 
 NEVER = _Never()
 ANY_TEXT = "[\\s\\S]*"
-
-
-# Formats whose xgrammar grammar accepts more than the format: written as patterns instead
-# (xgrammar's ipv4 allows leading zeros, `010.0.0.1`, which an IPv4 parser rejects).
-_OCTET = "(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
-FORMAT_PATTERNS = {"ipv4": f"^{_OCTET}(?:\\.{_OCTET}){{3}}$"}
-
-
-def _format_patterns(node: dict[str, Any]) -> None:
-    """A string's `format` in FORMAT_PATTERNS, without a pattern of its own, becomes that
-    pattern (in place)."""
-    fmt = node.get("format")
-    if node.get("type") == "string" and fmt in FORMAT_PATTERNS and "pattern" not in node:
-        del node["format"]
-        node["pattern"] = FORMAT_PATTERNS[fmt]
 
 
 def _integral_steps(node: dict[str, Any]) -> None:
@@ -91,38 +73,76 @@ def rewrite_schema(schema: Any) -> Any:
     """An equivalent schema with combinators merged with their sibling keywords."""
     if not isinstance(schema, dict):
         return schema
-    rewriter = _Rewriter(schema)
+    resolved = resolve_refs(schema)
+    # refs left as they were may point anywhere in the tree: then no node may move
+    movable = resolved is not schema or '"$ref"' not in json.dumps(schema)
+    schema = booleans_as_objects(resolved)
+    if not isinstance(schema, dict):
+        return schema
+    rewriter = _Rewriter(schema, split_types=movable)
     return rewriter.node(copy.deepcopy(schema), 0)
 
 
 class _Rewriter:
-    """Bottom-up rewrite; `steps` bounds the work on huge or deeply recursive schemas."""
+    """Bottom-up rewrite; `steps` bounds the work on huge or deeply recursive schemas;
+    `split_types`: whether an untyped node may become an anyOf over types (which moves it)."""
 
-    def __init__(self, root: dict[str, Any]) -> None:
+    def __init__(self, root: dict[str, Any], *, split_types: bool = True) -> None:
         self.root = root
         self.steps = 0
+        self.split_types = split_types
+        self.copied = 0
 
-    def node(self, node: Any, depth: int) -> Any:
+    def _spend(self, value: Any) -> bool:
+        """Count `value`'s JSON against MAX_COPIED_CHARS; False once past it."""
+        self.copied += len(json.dumps(value))
+        return self.copied <= MAX_COPIED_CHARS
+
+    def node(self, node: Any, depth: int, *, branch: bool = False) -> Any:
+        """`node` rewritten; a combinator's `branch` is split by type (types.py) only after
+        the merge with its siblings, which may give it a type."""
         if not isinstance(node, dict) or depth > MAX_DEPTH or self.steps > MAX_STEPS:
             return node
         self.steps += 1
         node = {key: self._child(key, value, depth=depth) for key, value in node.items()}
+        return self._local(node, depth) if branch else self._split(node, depth)
+
+    def _split(self, node: dict[str, Any], depth: int) -> Any:
+        split = self._by_type(node, depth)
+        return self._local(node, depth) if split is node else split
+
+    def _by_type(self, node: Any, depth: int) -> Any:
+        """`node` as an anyOf over types (types.py), each branch rewritten; else itself."""
+        if not (self.split_types and isinstance(node, dict)):
+            return node
+        split = split_by_type(node)
+        if split is not node:
+            split["anyOf"] = [self._local(branch, depth) for branch in split["anyOf"]]
+        return split
+
+    def _local(self, node: dict[str, Any], depth: int) -> Any:
+        """The rewrites of one node whose children are rewritten already."""
+        whole_counts(node)
+        negations(node)
         _anchor_patterns(node)
         _integral_steps(node)
-        _format_patterns(node)
+        format_patterns(node)
         if "allOf" in node:
             node = self._flatten_all_of(node, depth)
         kinds = [k for k in COMBINATORS if k in node]
         if len(kinds) == 1 and kinds[0] != "allOf":
             node = self._distribute(node, kind=kinds[0], depth=depth)
+        for kind in ("anyOf", "oneOf"):  # branches left untyped by the merge
+            if isinstance(node.get(kind), list):
+                node[kind] = [self._by_type(b, depth) for b in node[kind]]
         return lengths_into_pattern(node)
 
     def _child(self, key: str, value: Any, *, depth: int) -> Any:
-        if key in MAP_KEYS and isinstance(value, dict):
+        if key in SUBSCHEMA_MAPS and isinstance(value, dict):
             return {name: self.node(sub, depth) for name, sub in value.items()}
         if key in LIST_KEYS and isinstance(value, list):
-            return [self.node(sub, depth) for sub in value]
-        if key in ONE_KEYS and isinstance(value, dict):
+            return [self.node(sub, depth, branch=key in COMBINATORS) for sub in value]
+        if key in SUBSCHEMA_ONES and isinstance(value, dict):
             return self.node(value, depth)
         return value
 
@@ -143,6 +163,8 @@ class _Rewriter:
             return node
         branches = []
         for branch in node[kind]:
+            if not self._spend(rest):
+                return node
             merged = self.merge(rest, self._inline(branch, depth), depth=depth)
             if merged is None:
                 return node
@@ -159,9 +181,9 @@ class _Rewriter:
         if set(branch) - ANNOTATIONS - {"$ref"} or not str(branch["$ref"]).startswith("#"):
             return None
         target = resolve_ref(self.root, str(branch["$ref"]))
-        if not isinstance(target, dict) or depth >= MAX_DEPTH:
+        if not isinstance(target, dict) or depth >= MAX_DEPTH or not self._spend(target):
             return None
-        return self.node(copy.deepcopy(target), depth + 1)
+        return self.node(copy.deepcopy(target), depth + 1, branch=True)
 
     # --- intersection -----------------------------------------------------------------
     def merge(self, a: Any, b: Any, *, depth: int) -> Any:
@@ -237,6 +259,11 @@ def _annotations(node: dict[str, Any]) -> dict[str, Any]:
 def _conflicts(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """Keywords whose meaning depends on sibling keywords of the same schema object."""
     if _closes_over(a, b) or _closes_over(b, a):
+        return True
+    for group in SIBLING_GROUPS:
+        if any(k in a for k in group) and any(k in b for k in group):
+            return True
+    if any(k in s for s in (a, b) for k in ("unevaluatedProperties", "unevaluatedItems")):
         return True
     tuples = [k for k in TUPLE_KEYS if k in a or k in b]
     both = any(k in a for k in TUPLE_KEYS) and any(k in b for k in TUPLE_KEYS)

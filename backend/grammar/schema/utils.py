@@ -9,6 +9,23 @@ from dataclasses import dataclass
 from typing import Any
 
 MAX_INTEGER_STEP = 1024  # xgrammar ignores a larger integer multipleOf
+# Where a schema holds subschemas: lists of them, maps of name -> subschema, and single ones
+# (`items` is both: one schema, or draft 4's list).
+SUBSCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
+SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+SUBSCHEMA_ONES = (
+    "items",
+    "additionalProperties",
+    "additionalItems",
+    "not",
+    "if",
+    "then",
+    "else",
+    "contains",
+    "propertyNames",
+    "unevaluatedProperties",
+    "unevaluatedItems",
+)
 ANNOTATIONS = frozenset(
     {
         "$schema",

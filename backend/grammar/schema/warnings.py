@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from plait.backend.grammar.schema.formats import LEAP_SECOND_PATTERNS
 from plait.backend.grammar.schema.utils import (
     ANNOTATIONS,
     MAX_INTEGER_STEP,
@@ -35,6 +36,12 @@ ALWAYS_LOOSE = {
     "dependencies": "properties required by other properties are not enforced",
     "dependentRequired": "properties required by other properties are not enforced",
     "dependentSchemas": "schemas applied by other properties are not enforced",
+    "propertyNames": "property names are not checked",
+    "$dynamicRef": "dynamic references are not followed",
+}
+FORMAT_GAPS = {
+    "hostname": "label lengths and punycode labels are not checked",
+    "ipv6": "an embedded IPv4 part may have leading zeros",
 }
 # Formats xgrammar turns into a regular language; any other format is not checked.
 FORMATS = frozenset(
@@ -176,6 +183,8 @@ def _combinators(w: _Walker, node: dict[str, Any]) -> Iterator[Finding]:
     combined = [k for k in ("allOf", "anyOf", "oneOf") if k in node]
     if not combined:
         return
+    for extra in combined[1:]:
+        yield extra, "loose", "with several combinators in one schema, some are not applied"
     for keyword in sorted(set(node) - ANNOTATIONS - {"allOf", "anyOf", "oneOf", "$ref"}):
         yield keyword, "loose", f"ignored beside {combined[0]}"
 
@@ -183,6 +192,11 @@ def _combinators(w: _Walker, node: dict[str, Any]) -> Iterator[Finding]:
 def _ref_siblings(w: _Walker, node: dict[str, Any]) -> Iterator[Finding]:
     if "$ref" not in node:
         return
+    ref = node["$ref"]
+    if not isinstance(ref, str) or not ref.startswith("#"):
+        yield "$ref", "loose", "a reference to another document is not followed"
+    elif resolve_ref(w.root, ref) is None:
+        yield "$ref", "loose", "a reference that resolves to nothing is not followed"
     for keyword in sorted(set(node) - ANNOTATIONS - {"$ref"}):
         yield keyword, "loose", "keywords beside $ref are ignored"
 
@@ -215,6 +229,8 @@ def _strings(w: _Walker, node: dict[str, Any]) -> Iterator[Finding]:
     elif lengths and "enum" not in node and "const" not in node:
         for keyword in lengths:
             yield keyword, "strict", "length-bounded strings cannot hold escape sequences"
+    if isinstance(pattern, str) and pattern in LEAP_SECOND_PATTERNS:
+        yield "format", "strict", "a leap second is accepted only at 23:59:60 UTC"
     if isinstance(pattern, str) and fmt is not None:
         yield "pattern", "loose", "ignored beside format"
     elif isinstance(pattern, str):
@@ -242,8 +258,24 @@ def _pattern(pattern: str) -> Iterator[Finding]:
 def _format(fmt: str) -> Iterator[Finding]:
     if fmt not in FORMATS:
         yield "format", "loose", f"format '{fmt}' is not checked"
+    elif fmt in FORMAT_GAPS:
+        yield "format", "loose", f"format '{fmt}': {FORMAT_GAPS[fmt]}"
     elif fmt in CALENDAR_FORMATS:
         yield "format", "loose", f"format '{fmt}': days are not checked against the month"
+
+
+def _escaped_names(w: _Walker, node: dict[str, Any]) -> Iterator[Finding]:
+    properties = node.get("properties")
+    if isinstance(properties, dict) and any(_needs_escape(name) for name in properties):
+        yield (
+            "properties",
+            "loose",
+            "a property name JSON writes with escapes is not matched (its value is unchecked)",
+        )
+
+
+def _needs_escape(name: str) -> bool:
+    return any(ch in '"\\' or ord(ch) < 0x20 for ch in name)
 
 
 def _required(w: _Walker, node: dict[str, Any]) -> Iterator[Finding]:
@@ -325,6 +357,7 @@ RULES = (
     _beside_enum,
     _strings,
     _required,
+    _escaped_names,
     _pattern_properties,
     _enum_values,
 )

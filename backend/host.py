@@ -1,0 +1,32 @@
+"""This process among its peers: its name in ps/top and how the children it starts die with it.
+A leaf module (nothing of plait, no torch), so that the engine's processes, the grammar workers,
+the tensor-parallel ranks and the router's workers share it without importing each other."""
+
+from __future__ import annotations
+
+import ctypes
+import signal
+import sys
+from collections.abc import Callable
+
+PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
+
+
+def set_process_name(name: str) -> None:
+    """Name the process for ps/top (Linux; best effort; 15 bytes at most)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def die_with_parent(sig: signal.Signals) -> Callable[[], None]:
+    """A `preexec_fn` for `subprocess.Popen`: the child gets `sig` when this process dies
+    (Linux's PR_SET_PDEATHSIG), even when it is SIGKILLed. The C library is loaded here, in
+    the parent, so the forked child runs no import."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    return lambda: libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
