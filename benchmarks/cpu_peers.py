@@ -1,16 +1,17 @@
 """plait against llama.cpp on the real model, on the CPU, at 1 and 2 threads.
 
     python -m benchmarks.cpu_peers [--quick] [--threads 1,2] [--reps 3] [--warmup 1]
-                                   [--model smollm2-135m|gemma3-270m|path.gguf]
+                                   [--model smollm2-135m|gemma3-270m|llama-1b|path.gguf]
 
-Both systems read the same GGUF file (by default `smollm2-135m`, SmolLM2-135M-Instruct Q4_1)
-and get the same token ids (rendered with plait's tokenizer and chat template). One worker
-process per (system, thread count) keeps its model loaded; the workers run each measurement
-in rotation, the order reversed every repetition, and the table gives medians. A first
-rotation is not recorded (`--warmup 1`): it pays for what a steady user pays once (plait's
-grammar compile and its compile worker's start, the first use of each kernel, llama.cpp's
-first allocations). plait runs with its defaults (quantized weights) and a KV pool of
-`--kv-tokens` per engine (65,536); llama.cpp as its users run it (see
+Both systems read the same GGUF file (by default `smollm2-135m`, SmolLM2-135M-Instruct Q4_1;
+`llama-1b` is a 1B-class Llama of random valid Q4_K_M blocks, written on first use by
+`benchmarks.synthetic_gguf`) and get the same token ids (rendered with plait's tokenizer and
+chat template). One worker process per (system, thread count) keeps its model loaded; the
+workers run each measurement in rotation, the order reversed every repetition, and the table
+gives medians. A first rotation is not recorded (`--warmup 1`): it pays for what a steady user
+pays once (plait's grammar compile and its compile worker's start, the first use of each kernel,
+llama.cpp's first allocations). plait runs with its defaults (quantized weights) and a KV pool
+of `--kv-tokens` per engine (65,536); llama.cpp as its users run it (see
 `peers/llama_cpp_peer.py`: a 4,096-token context).
 
 - decode: one request, 128 greedy tokens (`Engine.generate` / `create_completion`);
@@ -38,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import markdown_table, median, write_results
+from benchmarks.synthetic_gguf import SHAPES, synthetic_model
 
 MODEL = "smollm2-135m"
 KV_TOKENS = 65536
@@ -291,9 +293,10 @@ def main() -> None:
     args = parser.parse_args()
     threads = [int(t) for t in args.threads.split(",")]
     reps = args.reps or (1 if args.quick else 3)
+    model = str(synthetic_model(args.model)) if args.model in SHAPES else args.model
     load = os.getloadavg()
     seconds, loads = measure(
-        args.model,
+        model,
         threads,
         reps,
         args.quick,
@@ -304,7 +307,7 @@ def main() -> None:
     text = (
         report(seconds, threads, args.quick)
         + "\n\n"
-        + load_report(loads, threads, file_mb=model_file_mb(args.model))
+        + load_report(loads, threads, file_mb=model_file_mb(model))
     )
     print(text)
     name = "cpu_peers" if args.model == MODEL else f"cpu_peers_{Path(args.model).stem}"

@@ -10,11 +10,15 @@ Q2_K, Q3_K, IQ4_NL and IQ4_XS, merged with each other and alone.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter, quants
+from gguf import GGMLQuantizationType, GGUFWriter, quants
+
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # `benchmarks` lives at the root
+from benchmarks.synthetic_gguf import random_blocks  # noqa: E402
 
 HIDDEN, INTER, LAYERS, HEADS, KV_HEADS = 256, 512, 2, 4, 2
 HEAD_DIM = HIDDEN // HEADS
@@ -88,40 +92,6 @@ def tiny_vocab() -> tuple[list[str], list[str], list[int]]:
     tokens += ["".join(m.split(" ")) for m in merges]
     types = [1] * len(tokens) + [3] * len(SPECIALS)
     return tokens + list(SPECIALS), merges, types
-
-
-def random_blocks(kind: str, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
-    """Random raw blocks [rows, bytes] of a K-quant with finite, weight-sized scales."""
-    block, size = GGML_QUANT_SIZES[GGMLQuantizationType[kind]]
-    n = rows * cols // block
-    raw = rng.integers(0, 256, size=(n, size), dtype=np.uint8)
-    spread = 2.0 / np.sqrt(cols)
-    # kind -> (byte offset of fp16 d, its size: values reach about d * top, [dmin offset])
-    layouts = {
-        "Q2_K": (80, 15 * 3, 82),
-        "Q3_K": (108, 32 * 4, None),
-        "IQ4_NL": (0, 127, None),
-        "IQ4_XS": (0, 32 * 127, None),
-    }
-
-    def f16(scale: float) -> np.ndarray:
-        vals = (rng.uniform(0.5, 1.0, size=n) * scale).astype(np.float16)
-        return vals.view(np.uint8).reshape(n, 2)
-
-    if kind in ("Q4_K", "Q5_K"):
-        top = 15 if kind == "Q4_K" else 31
-        raw[:, 0:2] = f16(spread / (63 * top))
-        raw[:, 2:4] = f16(spread / 63 / 2)
-    elif kind == "Q6_K":
-        raw[:, 208:210] = f16(spread / (128 * 32))
-    elif kind in layouts:
-        offset, top, dmin = layouts[kind]
-        raw[:, offset : offset + 2] = f16(spread / top)
-        if dmin is not None:
-            raw[:, dmin : dmin + 2] = f16(spread / 15 / 2)
-    else:
-        raise ValueError(kind)
-    return raw.reshape(rows, -1)
 
 
 def encode(kind: str, weights: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, str]:

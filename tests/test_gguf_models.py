@@ -74,18 +74,19 @@ def test_engine_greedy_matches_transformers(case: Any) -> None:
         assert_hf_greedy(hf, ids, out["output_ids"])
 
 
-# module -> (storage bits, group) of its packed weight, from its kinds in LOW_BIT_LAYERS
+# module -> the kinds of its packed weight's parts, from LOW_BIT_LAYERS: each GGUF kind in its
+# own native form (no widening), adjacent parts of one kind joined
 LOW_BIT_PACKING = {
-    "embed_tokens": (8, 32),  # IQ4_NL: codebook values as int8 (Q8_0's form)
-    "layers.0.self_attn.qkv_proj": (8, 16),  # Q2_K + Q3_K + IQ4_NL widened
-    "layers.0.self_attn.o_proj": (8, 32),  # IQ4_XS
-    "layers.0.mlp.gate_up_proj": (4, 16),  # Q2_K + Q2_K: 2-bit codes in the 4-bit form
-    "layers.0.mlp.down_proj": (8, 16),  # Q3_K
-    "layers.1.self_attn.qkv_proj": (8, 32),  # IQ4_XS x 3
-    "layers.1.self_attn.o_proj": (8, 32),  # IQ4_NL
-    "layers.1.mlp.gate_up_proj": (8, 16),  # Q3_K + Q4_K widened
-    "layers.1.mlp.down_proj": (4, 16),  # Q2_K
-    "lm_head": (8, 16),  # Q3_K
+    "embed_tokens": ("IQ4_NL",),
+    "layers.0.self_attn.qkv_proj": ("Q2_K", "Q3_K", "IQ4_NL"),
+    "layers.0.self_attn.o_proj": ("IQ4_XS",),
+    "layers.0.mlp.gate_up_proj": ("Q2_K",),
+    "layers.0.mlp.down_proj": ("Q3_K",),
+    "layers.1.self_attn.qkv_proj": ("IQ4_XS",),
+    "layers.1.self_attn.o_proj": ("IQ4_NL",),
+    "layers.1.mlp.gate_up_proj": ("Q3_K", "Q4_K"),
+    "layers.1.mlp.down_proj": ("Q2_K",),
+    "lm_head": ("Q3_K",),
 }
 
 
@@ -97,7 +98,7 @@ def test_low_bit_types_stay_packed(tmp_path: Path) -> None:
     runner = ModelRunner(EngineConfig(model=str(path), dtype="float32", kv_tokens=512))
     assert runner.fused_decode == "on"
     packed = {
-        name: (module.qweight.bits, module.qweight.group)
+        name: tuple(part.kind for part in module.qweight.parts)
         for name, module in runner.model.named_modules()
         if isinstance(module, QuantLinear | QuantEmbedding)
     }

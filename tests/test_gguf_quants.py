@@ -10,11 +10,13 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFWriter, quants
 from gguf_synthetic import ALL_TYPES, write_tiny_gguf
 
+from helpers import native_bound
 from plait.backend.gguf.quants import IQ4_NL_VALUES, QuantizedTensor, read_tensor, unpack_blocks
 from plait.backend.gguf.reader import GGUFFile
 from plait.backend.model.gguf_loader import hf_row_order
 from plait.backend.model.quantized import LogicalQuant, pack_merged
 from plait.kernels import _quant_native as qn
+from plait.kernels.native_weight import NativeWeight
 from plait.kernels.quant import quant_linear, quant_linear_torch
 
 # kind -> (codes dtype, lowest code, highest code, bits, group, has mins)
@@ -178,34 +180,32 @@ def test_plaits_reader_refuses_what_is_not_gguf(tmp_path: Path) -> None:
         GGUFFile(cut)
 
 
-def kernel_bound(x: torch.Tensor, q: QuantizedTensor) -> torch.Tensor:
-    """|kernel - exact| per output: x is rounded to int16 per group (step dx = max|x_g| /
-    32767) before the integer dot with the codes (the min's term uses the exact sum of x),
-    plus fp32 rounding, bounded by 2^-18 * sum_k |x_k| (|s q| + |m|)."""
+def kernel_terms(q: QuantizedTensor) -> torch.Tensor:
+    """|s q| + |m| per weight: what fp32 rounding scales with."""
     rows, cols = q.shape
     sq = (q.codes.double().view(rows, -1, q.group) * q.scales.double()[..., None]).abs()
-    xg = x.double().view(x.shape[0], -1, q.group)
-    dx = xg.abs().amax(-1) / 32767
     terms = sq.view(rows, cols)
     if q.mins is not None:
         terms = terms + q.mins.double().abs().repeat_interleave(q.group, dim=1)
-    return 0.5 * dx @ sq.sum(-1).T + 2.0**-18 * (x.double().abs() @ terms.T)
+    return terms
 
 
 @pytest.mark.parametrize("kind", sorted(RESIDENT))
 def test_kernels_on_the_packed_weight(kind: str) -> None:
-    """Every ISA of the C kernel, the Triton kernel (interpreter) and the dequantizing
-    fallback against the exact product with the de-quantized weight."""
-    q = unpack_blocks(kind, random_raw(kind, rows=20, cols=512, seed=3), 512)
+    """Every ISA of the C kernel (on the kind's native form), the Triton kernel (interpreter)
+    and the dequantizing fallback against the exact product with the de-quantized weight."""
+    raw = random_raw(kind, rows=20, cols=512, seed=3)
+    q = unpack_blocks(kind, raw, 512)
     w = pack_merged([LogicalQuant(codes=q.codes, scales=q.scales, mins=q.mins, group=q.group)])
     x = torch.randn(3, 512, generator=torch.Generator().manual_seed(4))
     exact = x.double() @ q.dequantize().double().T
-    bound = kernel_bound(x, q)
+    bound = native_bound(x, q.dequantize(), kernel_terms(q))
     best = qn.native_isa()
     outs = {"triton": quant_linear(x, w, impl="triton")}
     outs["panels"] = quant_linear_torch(x, w, native=False)
+    native = NativeWeight.from_gguf(kind, raw)
     for isa in [] if best is None else qn.ISAS[: qn.ISAS.index(best) + 1]:
-        outs[isa] = qn.native_quant_linear(x, w, isa=isa)
+        outs[isa] = qn.native_quant_linear(x, native, isa=isa)
     for name, out in outs.items():
         assert out is not None and out.shape == (3, 20), name
         err = (out.double() - exact).abs()

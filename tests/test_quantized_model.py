@@ -71,7 +71,7 @@ def test_quantization_flag_packs_every_linear_layer(
     linears = [m for m in small.model.modules() if isinstance(m, torch.nn.Linear)]
     packed = [m for m in small.model.modules() if isinstance(m, QuantLinear)]
     assert not linears and len(packed) == 4 * full.model.cfg.num_layers + 1
-    assert all(m.qweight.bits == bits for m in packed)
+    assert all(part.kind == f"int{bits}" for m in packed for part in m.qweight.parts)
     ratio = sum(m.qweight.nbytes for m in packed) / sum(
         4 * m.qweight.n * m.qweight.k for m in packed
     )

@@ -102,6 +102,51 @@ class QuantizedTensor:
         )
 
 
+@dataclass(frozen=True)
+class QuantizedBlocks:
+    """A quantized [N, K] matrix as the file stores it: `raw` uint8 [rows, bytes per row] (a
+    view of the file) of kind `kind`, `cols` values a row; `rows` picks and orders its rows
+    (None: all, in order). Nothing is unpacked until `unpack` or the native packer reads it."""
+
+    kind: str
+    raw: np.ndarray
+    cols: int
+    rows: torch.Tensor | None = None
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        n = self.raw.shape[0] if self.rows is None else self.rows.numel()
+        return n, self.cols
+
+    def take_rows(self, index: torch.Tensor) -> QuantizedBlocks:
+        """The same matrix with its rows reordered (or selected) by `index`."""
+        rows = index if self.rows is None else self.rows[index]
+        return QuantizedBlocks(self.kind, self.raw, self.cols, rows)
+
+    def unpack(self) -> QuantizedTensor:
+        """The rows unpacked into codes, scales and mins."""
+        raw = self.raw if self.rows is None else self.raw[self.rows.numpy()]
+        return unpack_blocks(self.kind, raw, self.cols)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return self.unpack().dequantize(dtype)
+
+
+def read_blocks(tensor: TensorLike) -> torch.Tensor | QuantizedBlocks:
+    """A GGUF tensor as a float tensor (plain kinds, logical shape) or its quantized blocks,
+    still packed (`QuantizedBlocks`); NotImplementedError for a kind plait does not read."""
+    kind = tensor.tensor_type.name
+    data = np.asarray(tensor.data)
+    if kind in FLOAT_KINDS:
+        return _read_float(kind, data, tensor)
+    if kind not in _UNPACKERS:
+        raise NotImplementedError(
+            f"GGUF tensor {tensor.name!r} has type {kind}; plait loads {SUPPORTED_TENSOR_TYPES}"
+        )
+    raw = data.reshape(-1, data.shape[-1]) if data.ndim > 1 else data.reshape(1, -1)
+    return QuantizedBlocks(kind, raw, int(tensor.shape[0]))
+
+
 def read_tensor(tensor: TensorLike) -> torch.Tensor | QuantizedTensor:
     """A GGUF tensor as a float tensor (plain kinds, logical shape) or a QuantizedTensor."""
     kind = tensor.tensor_type.name

@@ -27,6 +27,7 @@ from plait.backend.model.layers import MLP, CausalLM, DecoderLayer
 from plait.backend.model.quantized import QuantLinear
 from plait.backend.parallel.comm import TPComm
 from plait.kernels._step_native import DecodeStep, StepLayer, step_available
+from plait.kernels.native_weight import NativeWeight
 
 
 class FusedDecode:
@@ -52,10 +53,10 @@ class FusedDecode:
             qkv, o, gate_up, down = linears = _linears(layer)
             layers.append(
                 StepLayer(
-                    qkv=qkv.qweight,
-                    o=o.qweight,
-                    gate_up=gate_up.qweight,
-                    down=down.qweight,
+                    qkv=cast(NativeWeight, qkv.qweight),
+                    o=cast(NativeWeight, o.qweight),
+                    gate_up=cast(NativeWeight, gate_up.qweight),
+                    down=cast(NativeWeight, down.qweight),
                     biases=tuple(m.bias for m in linears),
                     input_norm=layer.norm("input_layernorm").weight,
                     post_norm=layer.norm("post_attention_layernorm").weight,
@@ -107,6 +108,10 @@ def _linears(layer: DecoderLayer) -> list[QuantLinear]:
     return [cast(QuantLinear, _unwrap(m)) for m in _projections(layer)]
 
 
+def _native(module: nn.Module) -> bool:
+    return isinstance(module, QuantLinear) and isinstance(module.qweight, NativeWeight)
+
+
 def _projections(layer: DecoderLayer) -> tuple[nn.Module, ...]:
     """qkv, o, gate_up and down (a dense MLP: experts are refused by `uncovered` first)."""
     attn, mlp = layer.self_attn, cast(MLP, layer.mlp)
@@ -131,8 +136,8 @@ def _unsupported(model: CausalLM, pool: TokenToKVPool) -> str | None:
     if not all(p.dtype == torch.float32 and p.is_cpu for p in model.parameters()):
         return "it needs fp32 parameters on the CPU"
     for layer in _layers(model):
-        if not all(isinstance(_unwrap(m), QuantLinear) for m in _projections(layer)):
-            return "every linear layer of the decoder must be quantized"
+        if not all(_native(_unwrap(m)) for m in _projections(layer)):
+            return "every linear layer of the decoder must be quantized in the native CPU layout"
     return None
 
 

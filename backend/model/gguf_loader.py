@@ -21,15 +21,23 @@ import torch
 from torch import nn
 
 from plait.backend.gguf.metadata import GGUFMetadata
-from plait.backend.gguf.quants import QuantizedTensor, read_tensor
+from plait.backend.gguf.quants import QuantizedBlocks, QuantizedTensor, read_blocks
 from plait.backend.gguf.reader import GGUFFile, GGUFTensor
 from plait.backend.model.config import ModelConfig
 from plait.backend.model.family import Family
 from plait.backend.model.layers import CausalLM, empty_model
-from plait.backend.model.quantized import LogicalQuant, QuantEmbedding, QuantLinear, pack_merged
+from plait.backend.model.quantized import (
+    LogicalQuant,
+    Packed,
+    QuantEmbedding,
+    QuantLinear,
+    pack_merged,
+    packs_natively,
+)
 from plait.backend.model.registry import gguf_family
 from plait.backend.model.rotary import row_order
 from plait.backend.model.weights import LINEARS, Target, check_complete, copy_into, hf_target
+from plait.kernels.native_weight import NativeWeight
 
 GLOBAL_NAMES = {
     "token_embd.weight": "embed_tokens.weight",
@@ -57,7 +65,8 @@ LAYER_NAMES = {
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(.+)")
 # read into the config's RoPE (families/common.py, families/phi3.py)
 _IGNORED = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
-Parts = dict[str, dict[int | None, torch.Tensor | QuantizedTensor]]
+Value = torch.Tensor | QuantizedBlocks
+Parts = dict[str, dict[int | None, Value]]
 
 
 def gguf_target(name: str, family: Family) -> Target:
@@ -120,12 +129,10 @@ def load_gguf_model(
     return model.eval()
 
 
-def _oriented(
-    tensor: GGUFTensor, cfg: ModelConfig, target: Target, family: Family
-) -> torch.Tensor | QuantizedTensor:
-    """The tensor as read (float, or unpacked quantized blocks), attn_q/attn_k rows in HF
-    order, then reordered for a partial rotation."""
-    value: torch.Tensor | QuantizedTensor = read_tensor(tensor)
+def _oriented(tensor: GGUFTensor, cfg: ModelConfig, target: Target, family: Family) -> Value:
+    """The tensor as read (float, or its quantized blocks still packed), attn_q/attn_k rows
+    in HF order, then reordered for a partial rotation."""
+    value: Value = read_blocks(tensor)
     heads = _rope_heads(cfg, target) if family.gguf_permuted_qk else None
     if heads is not None:
         value = _take(value, hf_row_order(value.shape[0], heads))
@@ -133,14 +140,12 @@ def _oriented(
     return value if order is None else _take(value, order)
 
 
-def _take(
-    value: torch.Tensor | QuantizedTensor, rows: torch.Tensor
-) -> torch.Tensor | QuantizedTensor:
-    return value.take_rows(rows) if isinstance(value, QuantizedTensor) else value[rows]
+def _take(value: Value, rows: torch.Tensor) -> Value:
+    return value.take_rows(rows) if isinstance(value, QuantizedBlocks) else value[rows]
 
 
-def _dense(value: torch.Tensor | QuantizedTensor) -> torch.Tensor:
-    return value.dequantize() if isinstance(value, QuantizedTensor) else value
+def _dense(value: Value) -> torch.Tensor:
+    return value.dequantize() if isinstance(value, QuantizedBlocks) else value
 
 
 def _packed(parts: Parts, *, dtype: torch.dtype, device: torch.device) -> dict[str, nn.Module]:
@@ -150,15 +155,24 @@ def _packed(parts: Parts, *, dtype: torch.dtype, device: torch.device) -> dict[s
     for param, values in parts.items():
         name = param.removesuffix(".weight")
         quant = [values[k] for k in sorted(values, key=lambda s: -1 if s is None else s)]
-        if not param.endswith(".weight") or not all(isinstance(q, QuantizedTensor) for q in quant):
+        blocks = [q for q in quant if isinstance(q, QuantizedBlocks)]
+        if not param.endswith(".weight") or len(blocks) != len(quant):
             continue
-        weight = pack_merged([_logical(q) for q in quant if isinstance(q, QuantizedTensor)])
-        weight = weight.to(device)
+        weight = _pack(blocks, device)
         if name == "embed_tokens":
             modules[name] = QuantEmbedding(weight, dtype=dtype)
         elif name == "lm_head" or name.rsplit(".", 1)[-1] in LINEARS:
             modules[name] = QuantLinear(weight, bias=f"{name}.bias" in parts)
     return modules
+
+
+def _pack(blocks: list[QuantizedBlocks], device: torch.device) -> Packed:
+    """One packed weight from a parameter's parts (q, k, v; gate, up): each GGUF kind in its
+    own native form on the CPU, else unpacked and widened to a common `QuantWeight`."""
+    if packs_natively(device):
+        parts = [NativeWeight.from_gguf(b.kind, b.raw, rows=b.rows) for b in blocks]
+        return NativeWeight.stack(parts)
+    return pack_merged([_logical(b.unpack()) for b in blocks]).to(device)
 
 
 def _logical(q: QuantizedTensor) -> LogicalQuant:

@@ -1,11 +1,13 @@
 """Weight-only quantized layers: linear layers and embeddings whose weights stay packed.
 
 A GGUF file's quantized matrices are kept as they are (`QuantLinear`, `QuantEmbedding` over a
-`plait.kernels.quant_weight.QuantWeight`; the matmul dequantizes nothing), and a float
-checkpoint can be quantized at load (`--quantization int8|int4`: symmetric int8 or int4 with
-a min, per group of 32 along the input dimension). A tied LM head shares the embedding's
-packed weight. The model code does not change: a quantized module replaces an `nn.Linear`
-or `nn.Embedding` with the same call.
+packed weight; the matmul dequantizes nothing), and a float checkpoint can be quantized at
+load (`--quantization int8|int4`: symmetric int8 or int4 with a min, per group of 32 along the
+input dimension). On the CPU the weight is a `plait.kernels.native_weight.NativeWeight` (each
+GGUF kind in its own packed form, read by the C kernel); elsewhere (CUDA, or a CPU without a C
+compiler) a `plait.kernels.quant_weight.QuantWeight` (the Triton kernel's layout). A tied LM
+head shares the embedding's packed weight. The model code does not change: a quantized module
+replaces an `nn.Linear` or `nn.Embedding` with the same call.
 """
 
 from __future__ import annotations
@@ -16,17 +18,24 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from plait.kernels.native_weight import NativeWeight, native_available
 from plait.kernels.quant import quant_embedding, quant_linear
 from plait.kernels.quant_weight import QuantWeight, quantize_weight
 
 QUANT_GROUP = 32  # `--quantization`: values per scale along the input dimension
+Packed = QuantWeight | NativeWeight
+
+
+def packs_natively(device: torch.device) -> bool:
+    """Whether weights on `device` are packed in the CPU kernels' native layout."""
+    return device.type == "cpu" and native_available()
 
 
 class QuantLinear(nn.Module):
-    """`y = x @ W^T + bias` with W a packed `QuantWeight` [out, in]; `bias` a float parameter
+    """`y = x @ W^T + bias` with W a packed weight [out, in]; `bias` a float parameter
     (filled by the loader like any other)."""
 
-    def __init__(self, weight: QuantWeight, *, bias: bool = False) -> None:
+    def __init__(self, weight: Packed, *, bias: bool = False) -> None:
         super().__init__()
         self.qweight = weight
         self.in_features, self.out_features = weight.k, weight.n
@@ -40,9 +49,9 @@ class QuantLinear(nn.Module):
 
 
 class QuantEmbedding(nn.Module):
-    """Rows of a packed `QuantWeight` [vocab, hidden], de-quantized on lookup."""
+    """Rows of a packed weight [vocab, hidden], de-quantized on lookup."""
 
-    def __init__(self, weight: QuantWeight, *, dtype: torch.dtype) -> None:
+    def __init__(self, weight: Packed, *, dtype: torch.dtype) -> None:
         super().__init__()
         self.qweight = weight
         self.dtype = dtype
@@ -105,13 +114,21 @@ def quantize_model(model: nn.Module, *, bits: int) -> None:
             model.set_submodule(name, _quantized(child, bits))
     if tied:
         assert isinstance(embed, nn.Embedding)
-        packed = quantize_weight(embed.weight.detach().float(), bits=bits, group=QUANT_GROUP)
+        packed = _quantize(embed.weight, bits)
         model.set_submodule("embed_tokens", QuantEmbedding(packed, dtype=embed.weight.dtype))
         model.set_submodule("lm_head", QuantLinear(packed))
 
 
+def _quantize(weight: torch.Tensor, bits: int) -> Packed:
+    packed = quantize_weight(weight.detach().float(), bits=bits, group=QUANT_GROUP)
+    if not packs_natively(weight.device):
+        return packed
+    codes, scales, mins = packed.unpack()
+    return NativeWeight.from_logical(codes=codes, scales=scales, mins=mins, group=QUANT_GROUP)
+
+
 def _quantized(layer: nn.Linear, bits: int) -> QuantLinear:
-    packed = quantize_weight(layer.weight.detach().float(), bits=bits, group=QUANT_GROUP)
+    packed = _quantize(layer.weight, bits)
     out = QuantLinear(packed, bias=layer.bias is not None)
     if layer.bias is not None:
         out.bias = nn.Parameter(layer.bias.detach().clone(), requires_grad=False)
@@ -128,6 +145,8 @@ def weight_bytes(model: nn.Module) -> int:
         packed = getattr(module, "qweight", None)
         if isinstance(packed, QuantWeight):
             tensors += [t for t in (packed.codes, packed.scales, packed.mins) if t is not None]
+        elif isinstance(packed, NativeWeight):
+            tensors += [t for part in packed.parts for t in part.tensors]
     for t in tensors:
         if t.data_ptr() not in seen:
             seen.add(t.data_ptr())

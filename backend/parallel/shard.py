@@ -17,22 +17,25 @@ from torch import nn
 
 from plait.backend.model.config import ModelConfig
 from plait.backend.model.layers import MLP, Attention, CausalLM, DecoderLayer
-from plait.backend.model.quantized import QuantEmbedding, QuantLinear
+from plait.backend.model.quantized import Packed, QuantEmbedding, QuantLinear
 from plait.backend.model.registry import family_named
 from plait.backend.model.weights import merged_rows
 from plait.backend.parallel.comm import TPComm
 from plait.backend.parallel.layers import RowParallel, VocabParallelEmbedding, VocabParallelHead
 from plait.backend.parallel.plan import ShardPlan
+from plait.kernels.native_weight import NativeWeight
 from plait.kernels.quant_weight import QuantWeight
 
 Ranges = Sequence[tuple[int, int]]
 
 
 def slice_quant(
-    w: QuantWeight, *, rows: Ranges | None = None, cols: tuple[int, int] | None = None
-) -> QuantWeight:
+    w: Packed, *, rows: Ranges | None = None, cols: tuple[int, int] | None = None
+) -> Packed:
     """The rows `rows` (concatenated) and columns `cols` of a packed weight; `cols` must
-    fall on group boundaries."""
+    fall on group boundaries (a native weight's: `NativeWeight.slice`)."""
+    if isinstance(w, NativeWeight):
+        return w.slice(rows=rows, cols=cols)
     codes, scales, mins = w.unpack()
     if cols is not None:
         a, b = cols
@@ -181,5 +184,6 @@ def inter_align(model: CausalLM) -> int:
         assert isinstance(layer, DecoderLayer)
         down = getattr(layer.mlp, "down_proj", None)  # none in a mixture of experts
         if isinstance(down, QuantLinear):
-            groups.append(down.qweight.group)
+            w = down.qweight
+            groups.append(w.column_step if isinstance(w, NativeWeight) else w.group)
     return max(groups)

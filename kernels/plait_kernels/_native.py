@@ -77,3 +77,10 @@ def load_native(name: str) -> ctypes.CDLL | None:
             stacklevel=2,
         )
         return None
+
+
+@functools.cache
+def pool_function() -> int | None:
+    """Address of ``plait_pool_run`` (``csrc/thread_pool.c``), or None (then one thread)."""
+    lib = load_native("thread_pool")
+    return None if lib is None else ctypes.cast(lib.plait_pool_run, ctypes.c_void_p).value

@@ -1,17 +1,16 @@
 """The C quantized-matmul kernel (``csrc/quant_matmul_cpu.c``) through ctypes: which inputs it
-takes, the ISA it runs, and its thread pool (``csrc/thread_pool.c``)."""
+takes and the ISA it runs; a weight is a :class:`NativeWeight` (its descriptor is built once)."""
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import weakref
 from typing import Any
 
 import torch
 
-from ._native import load_native
-from .quant_weight import QuantWeight
+from ._native import load_native, pool_function
+from .native_weight import NativeWeight, descriptor
 
 ISAS = ("generic", "avx2", "avx512", "avx512_vnni")
 last_parts = 0  # threads the last native call was split over (tests, diagnostics)
@@ -20,33 +19,7 @@ _i64, _ptr, _int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
 # isa, threads, pool, x, ldx, m, weight, bias, out
 _ARGTYPES: list[Any] = [_int, _int, _ptr, _ptr, _i64, _i64, _ptr, _ptr, _ptr]
 _typed: list[ctypes.CDLL] = []  # the library whose argument types are set
-
-
-class _Weight(ctypes.Structure):
-    """``plait_weight_t`` (``csrc/plait_kernels.h``): the packed tensors' addresses, the shape."""
-
-    _fields_ = [("codes", _ptr), ("scales", _ptr), ("mins", _ptr)]
-    _fields_ += [(name, _i64) for name in ("half", "bits", "group", "n", "k")]
-
-
-# One descriptor per weight, built at its first call (fewer ctypes arguments per call: about
-# 1 us of a decode step's ~120 calls). The weight owns the tensors the addresses point into.
-_descriptors: weakref.WeakKeyDictionary[QuantWeight, tuple[_Weight, int]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def weight_descriptor(w: QuantWeight) -> int:
-    """Address of `w`'s ``plait_weight_t``, valid while `w` lives (built at its first use)."""
-    got = _descriptors.get(w)
-    if got is None:
-        mins = None if w.mins is None else w.mins.data_ptr()
-        half = int(w.scales.dtype == torch.float16)
-        desc = _Weight(
-            w.codes.data_ptr(), w.scales.data_ptr(), mins, half, w.bits, w.group, w.n, w.k
-        )
-        got = _descriptors[w] = (desc, ctypes.addressof(desc))
-    return got[1]
+__all__ = ["ISAS", "descriptor", "native_isa", "native_quant_linear", "pool_function"]
 
 
 def _library() -> ctypes.CDLL | None:
@@ -66,13 +39,6 @@ def _best_isa() -> int:
     return 0 if lib is None else int(lib.plait_qmm_isa())
 
 
-@functools.cache
-def pool_function() -> int | None:
-    """Address of ``plait_pool_run`` (``csrc/thread_pool.c``), or None (then one thread)."""
-    lib = load_native("thread_pool")
-    return None if lib is None else ctypes.cast(lib.plait_pool_run, ctypes.c_void_p).value
-
-
 def native_isa() -> str | None:
     """The best instruction set the kernel runs here, or None when it cannot be built."""
     return None if _library() is None else ISAS[_best_isa()]
@@ -80,7 +46,7 @@ def native_isa() -> str | None:
 
 def native_quant_linear(
     x: torch.Tensor,
-    w: QuantWeight,
+    w: NativeWeight,
     bias: torch.Tensor | None = None,
     *,
     threads: int | None = None,
@@ -92,7 +58,7 @@ def native_quant_linear(
     every output is computed the same way on any thread, so the split does not change a bit.
     ``isa`` picks a lower instruction set than the best (tests)."""
     lib = _library()
-    if lib is None or not x.is_cpu or not w.codes.is_cpu:
+    if lib is None or not x.is_cpu:
         return None
     if x.dim() != 2 or x.shape[1] != w.k or (bias is not None and bias.numel() != w.n):
         raise ValueError(f"x must be [M, {w.k}] and bias [{w.n}] (the kernel reads them directly)")
@@ -112,14 +78,15 @@ def native_quant_linear(
         x.data_ptr(),
         x.stride(0),
         m,
-        weight_descriptor(w),
+        descriptor(w),
         None if bias is None else bias.data_ptr(),
         out.data_ptr(),
     )
     if status == -1:
         raise MemoryError("quant_linear: cannot allocate the quantized activations")
     if status < 0:
-        raise ValueError(f"quant_linear: the kernel rejected group={w.group} bits={w.bits}")
+        kinds = ", ".join(p.kind for p in w.parts)
+        raise ValueError(f"quant_linear: the kernel rejected a weight of {kinds} [{w.n}, {w.k}]")
     global last_parts
     last_parts = status
     return out

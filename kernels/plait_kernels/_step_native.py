@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import torch
 
 from ._native import load_native
-from ._quant_native import ISAS, native_isa, pool_function, weight_descriptor
+from ._quant_native import ISAS, native_isa, pool_function
+from .native_weight import NativeWeight, descriptor
 from .quant import GENERIC_MAX_M
-from .quant_weight import QuantWeight
 
 _i64, _ptr, _f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
 _ERRORS = {
@@ -66,10 +66,10 @@ class _Batch(ctypes.Structure):
 class StepLayer:
     """One decoder layer as the C step reads it (fp32 tensors on the CPU)."""
 
-    qkv: QuantWeight
-    o: QuantWeight
-    gate_up: QuantWeight
-    down: QuantWeight
+    qkv: NativeWeight
+    o: NativeWeight
+    gate_up: NativeWeight
+    down: NativeWeight
     biases: tuple[torch.Tensor | None, ...]  # of qkv, o, gate_up, down
     input_norm: torch.Tensor
     post_norm: torch.Tensor
@@ -171,13 +171,13 @@ class DecodeStep:
             "down": (layer.down, hidden, inter),
         }
         for name, (w, n, k) in shapes.items():
-            if not isinstance(w, QuantWeight) or (w.n, w.k) != (n, k) or not w.codes.is_cpu:
-                raise ValueError(f"decode step: {name} must be a CPU QuantWeight [{n}, {k}]")
+            if not isinstance(w, NativeWeight) or (w.n, w.k) != (n, k):
+                raise ValueError(f"decode step: {name} must be a NativeWeight [{n}, {k}]")
         named = zip(shapes, layer.biases, strict=True)
         biases = [_check(f"{nm} bias", b, (shapes[nm][1],)) for nm, b in named]
         pool = (slots, kv_heads, head_dim)
         return _Layer(
-            *(weight_descriptor(w) for w, _, _ in shapes.values()),
+            *(descriptor(w) for w, _, _ in shapes.values()),
             *biases,
             _check("input_norm", layer.input_norm, (hidden,)),
             _check("post_norm", layer.post_norm, (hidden,)),

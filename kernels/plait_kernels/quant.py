@@ -1,14 +1,19 @@
 """Weight-only quantized matmuls: ``quant_linear`` (x @ W^T with W kept packed) and
 ``quant_embedding`` (rows of W dequantized on lookup; a tied LM head shares the weight).
 
-On the CPU the C kernel ``csrc/quant_matmul_cpu.c`` (``_quant_native``) runs every M: activations
-are quantized per group to int16 and dotted with the integer codes, so the float weight never
-exists; without a C compiler the torch path dequantizes panels of rows and calls ``F.linear``.
-On CUDA a Triton kernel dequantizes tiles into registers and feeds ``tl.dot``. The reference is
-dequantize-then-matmul (:func:`quant_linear_reference`).
+On the CPU a weight is a :class:`NativeWeight` (each GGUF kind in its own packed form) and the
+C kernel ``csrc/quant_matmul_cpu.c`` (``_quant_native``) runs every M: activations are
+quantized per group of 32 to int8 and dotted with the integer codes, so the float weight never
+exists. A :class:`QuantWeight` (the Triton kernel's layout) given on the CPU is packed natively
+once, at its first use; without a C compiler the torch path dequantizes panels of its rows and
+calls ``F.linear``. On CUDA a Triton kernel dequantizes tiles into registers and feeds
+``tl.dot``. The reference is dequantize-then-matmul (:func:`quant_linear_reference`).
 """
 
 from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -17,7 +22,10 @@ import triton.language as tl
 
 from ._dispatch import FLOAT_DTYPES, INDEX_DTYPES, check_tensor, choose_impl
 from ._quant_native import native_isa, native_quant_linear
+from .native_weight import GROUP, NativeWeight, native_available
 from .quant_weight import BLOCK_ROWS, QuantWeight, dequantize_rows, quantize_weight
+
+AnyQuant = QuantWeight | NativeWeight
 
 # Float elements of W the fallback dequantizes at once (4 MiB of fp32).
 _PANEL_ELEMS = 1 << 20
@@ -27,7 +35,7 @@ GENERIC_MAX_M = 32
 
 def quant_linear(
     x: torch.Tensor,
-    w: QuantWeight,
+    w: AnyQuant,
     *,
     bias: torch.Tensor | None = None,
     impl: str = "auto",
@@ -39,7 +47,9 @@ def quant_linear(
     _check_linear(x, w, bias)
     flat = x.dim() == 2  # the common case skips two reshapes (a decode step makes ~120 calls)
     x2 = x if flat else x.reshape(-1, w.k)
-    if choose_impl(impl, x.device) == "triton":
+    if isinstance(w, NativeWeight):
+        out = quant_linear_native(x2, w, bias=bias)
+    elif choose_impl(impl, x.device) == "triton":
         out = quant_linear_triton(x2, w, bias=bias)
     else:
         out = quant_linear_torch(x2, w, bias=bias)
@@ -47,22 +57,24 @@ def quant_linear(
 
 
 def quant_embedding(
-    ids: torch.Tensor, w: QuantWeight, *, dtype: torch.dtype = torch.float32
+    ids: torch.Tensor, w: AnyQuant, *, dtype: torch.dtype = torch.float32
 ) -> torch.Tensor:
     """Rows ``ids`` of ``w`` dequantized: [*ids.shape, K] in ``dtype`` (an embedding lookup)."""
-    if not isinstance(w, QuantWeight):
-        raise ValueError(f"w must be a QuantWeight, got {type(w).__name__}")
+    if not isinstance(w, QuantWeight | NativeWeight):
+        raise ValueError(f"w must be a QuantWeight or NativeWeight, got {type(w).__name__}")
     check_tensor("ids", ids, dtypes=INDEX_DTYPES, device=w.device)
     flat = ids.reshape(-1).to(torch.int64)
     if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= w.n):
         lo, hi = int(flat.min()), int(flat.max())
         raise ValueError(f"ids must lie in [0, {w.n}), got min {lo} max {hi}")
+    if isinstance(w, NativeWeight):
+        return w.dequantize_rows(flat, dtype=dtype).reshape(*ids.shape, w.k)
     return dequantize_rows(w, flat, dtype=dtype).reshape(*ids.shape, w.k)
 
 
-def _check_linear(x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None) -> None:
-    if not isinstance(w, QuantWeight):
-        raise ValueError(f"w must be a QuantWeight, got {type(w).__name__}")
+def _check_linear(x: torch.Tensor, w: AnyQuant, bias: torch.Tensor | None) -> None:
+    if not isinstance(w, QuantWeight | NativeWeight):
+        raise ValueError(f"w must be a QuantWeight or NativeWeight, got {type(w).__name__}")
     if not isinstance(x, torch.Tensor) or x.dtype not in FLOAT_DTYPES or x.device != w.device:
         check_tensor("x", x, dtypes=FLOAT_DTYPES, device=w.device)  # raises, naming the problem
     if x.dim() == 0 or x.shape[-1] != w.k:
@@ -84,26 +96,66 @@ def quant_linear_torch(
     native: bool = True,
     threads: int | None = None,
 ) -> torch.Tensor:
-    """CPU path for x [M, K]: the C kernel when ``native`` and it can run (over ``threads``
-    threads, default torch's count), else W dequantized a panel of rows at a time. The
-    portable C build (no AVX2: e.g. ARM) takes only small M; a prefill is faster through
-    dequantized panels and torch's GEMM there."""
-    if native and (x.shape[0] < GENERIC_MAX_M or native_isa() != "generic"):
+    """CPU path for a :class:`QuantWeight` and x [M, K]: the C kernel on the weight packed
+    natively (once, at its first use) when ``native``, a compiler works and K is a multiple
+    of 32, else W dequantized a panel of rows at a time."""
+    if native and w.codes.is_cpu and w.k % GROUP == 0 and native_available():
+        return quant_linear_native(x, native_form(w), bias=bias, threads=threads)
+    b = None if bias is None else bias.float()
+    return _panels(x.float(), w.n, lambda idx: dequantize_rows(w, idx), b).to(x.dtype)
+
+
+def quant_linear_native(
+    x: torch.Tensor,
+    w: NativeWeight,
+    *,
+    bias: torch.Tensor | None = None,
+    threads: int | None = None,
+) -> torch.Tensor:
+    """The C kernel on x [M, K] (over ``threads`` threads, default torch's count). The portable
+    C build (no AVX2: e.g. ARM) takes only small M; a prefill is faster through dequantized
+    panels and torch's GEMM there."""
+    out = None
+    if x.shape[0] < GENERIC_MAX_M or native_isa() != "generic":
         out = native_quant_linear(x, w, bias, threads=threads)
-        if out is not None:
-            return out if x.dtype == torch.float32 else out.to(x.dtype)
-    rows = max(BLOCK_ROWS, _PANEL_ELEMS // max(w.k, 1))
-    out = torch.empty(x.shape[0], w.n, dtype=torch.float32, device=x.device)
-    xf = x.float()
-    for lo in range(0, w.n, rows):
-        idx = torch.arange(lo, min(lo + rows, w.n), device=x.device)
-        b = None if bias is None else bias[lo : lo + rows].float()
-        out[:, lo : lo + rows] = F.linear(xf, dequantize_rows(w, idx), b)
-    return out.to(x.dtype)
+    if out is None:
+        b = None if bias is None else bias.float()
+        out = _panels(x.float(), w.n, w.dequantize_rows, b)
+    return out if x.dtype == torch.float32 else out.to(x.dtype)
+
+
+def _panels(
+    x: torch.Tensor,
+    n: int,
+    rows_of: Callable[[torch.Tensor], torch.Tensor],
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    """x @ W^T with W dequantized `rows_of(index)` a panel of rows at a time."""
+    rows = max(BLOCK_ROWS, _PANEL_ELEMS // max(x.shape[1], 1))
+    out = torch.empty(x.shape[0], n, dtype=torch.float32, device=x.device)
+    for lo in range(0, n, rows):
+        idx = torch.arange(lo, min(lo + rows, n), device=x.device)
+        b = None if bias is None else bias[lo : lo + rows]
+        out[:, lo : lo + rows] = F.linear(x, rows_of(idx), b)
+    return out
+
+
+_natives: weakref.WeakKeyDictionary[QuantWeight, NativeWeight] = weakref.WeakKeyDictionary()
+
+
+def native_form(w: QuantWeight) -> NativeWeight:
+    """A CPU :class:`QuantWeight` packed natively (kept while `w` lives)."""
+    got = _natives.get(w)
+    if got is None:
+        codes, scales, mins = w.unpack()
+        got = _natives[w] = NativeWeight.from_logical(
+            codes=codes, scales=scales, mins=mins, group=w.group
+        )
+    return got
 
 
 def quant_linear_reference(
-    x: torch.Tensor, w: QuantWeight, *, bias: torch.Tensor | None = None
+    x: torch.Tensor, w: AnyQuant, *, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
     """Dequantize W whole, then fp32 ``F.linear`` (the definition the kernels are tested on)."""
     b = None if bias is None else bias.float()
@@ -229,9 +281,11 @@ def quant_linear_triton(
 
 
 __all__ = [
+    "NativeWeight",
     "QuantWeight",
     "quant_embedding",
     "quant_linear",
+    "quant_linear_native",
     "quant_linear_reference",
     "quant_linear_torch",
     "quant_linear_triton",

@@ -28,11 +28,28 @@ typedef void (*plait_part_fn)(void *ctx, int part, int parts);
 typedef int (*plait_pool_fn)(plait_part_fn fn, void *ctx, int parts, int threads);
 
 /* ---- quant_matmul_cpu.c: plait_qmm_f32 and the packed weight it reads --------------------- */
+/* A quantized [n, k] weight in the kernels' native layout (csrc/qmm_tile.h documents it): rows
+ * in blocks of 16, k in groups of 32; one or more parts stacked along n (q, k, v or gate, up of
+ * different kinds), each in its own form. Built once per weight by plait.kernels.native_weight. */
 typedef struct {
-    const uint8_t *codes;
-    const void *scales, *mins; /* [blocks, k / group, 16], fp16 (half) or fp32; mins may be NULL */
-    int64_t half, bits, group, n, k;
+    const uint8_t *codes;   /* [blocks, k / 32, group bytes of the code planes] */
+    const void *scales;     /* [blocks, k / sub, 16]: fp16, fp32 or int8 (K forms) */
+    const void *mins;       /* like scales, or NULL */
+    const uint16_t *d;      /* K forms: fp16 [blocks, k / 256, 16] super-block scales */
+    const uint16_t *dmin;   /* K forms with mins: the same for the mins, else NULL */
+    int32_t planes, scale_form, zero, sub; /* QMM_P*, QMM_S*, code offset, 16 or 32 */
+    int64_t n;              /* rows of this part */
+} plait_qpart_t;
+
+#define PLAIT_QMM_MAX_PARTS 4
+typedef struct {
+    int64_t n, k, nparts;
+    plait_qpart_t part[PLAIT_QMM_MAX_PARTS];
 } plait_weight_t;
+
+/* Code planes (bytes per group of 32 x 16 rows) and scale forms. */
+enum { QMM_P4 = 0, QMM_P8 = 1, QMM_P4H1 = 2, QMM_P4H2 = 3, QMM_P2 = 4, QMM_P2H1 = 5, QMM_IQ4 = 6 };
+enum { QMM_SF16 = 0, QMM_SF32 = 1, QMM_SK = 2 };
 
 /* out[m, n] = x[m, k] (row stride ldx) @ W^T (+ bias); returns threads used (>= 1) or < 0. */
 typedef int (*plait_qmm_fn)(int isa, int threads, plait_pool_fn pool, const float *x, int64_t ldx,

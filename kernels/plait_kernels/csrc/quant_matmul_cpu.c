@@ -1,23 +1,19 @@
-/* Weight-only quantized matmul on the CPU: out[M, N] = x[M, K] @ W[N, K]^T (+ bias), where
- * W = scale * code + min per group of `group` codes along K, kept packed (plait.kernels.quant).
+/* Weight-only quantized matmul on the CPU: out[M, N] = x[M, K] @ W^T (+ bias), W kept in its
+ * native packed form (plait_weight_t, plait_kernels.h; the layout is documented in qmm_tile.h,
+ * the packing in quant_pack_cpu.c). Built at first use by plait.kernels._native.
  *
- * Built at first use by plait.kernels._native and called through ctypes. The weight is never
- * turned into floats: each row of x is first quantized per group to int16 (dx = max|x| / 32767,
- * an error of at most dx / 2 per element, 2^-16 of the group's largest), then per group the
- * integer dot of codes and x is exact in int32 and
- *     out += float(dot) * (scale * dx) + min * sum(x over the group)
- * with the fp32 sum of the unquantized x. Rows of W come in blocks of 16: a block's codes are
- * interleaved so one 512-bit register holds code pair p of all 16 rows (row r in 32-bit lane r)
- * and a single vpdpwssd against the broadcast pair x[2p], x[2p+1] adds it to 16 accumulators;
- * a block's 16 scales (and mins) per group are contiguous, so they load as one vector and the
- * accumulators never need a horizontal sum. Layout per block and group (k0 = g * group):
- *   4-bit: group / 8 chunks of 64 bytes; 16-bit word w = 2r + e of chunk c holds in its nibble
- *          j (bits 4j..4j+3) the code of row r at k0 + 8c + 2j + e.
- *   8-bit: group / 2 chunks of 32 bytes (int8); byte 2r + e of chunk p is row r at k0 + 2p + e.
- * Codes are read once per call and rows of x are processed MT at a time against them, so a
- * batch (or a prefill) reuses each decoded code for up to 4 rows. Entry points per ISA:
- * AVX-512 VNNI, AVX-512BW, AVX2 (+FMA, F16C), and portable C; plait_qmm_isa() names the best
- * the CPU runs and the caller may ask for a lower one (tests run all of them). */
+ * Each row of x is quantized once per call per group of 32 into two int8 parts, x / dx = hi +
+ * lo / 256 (dx = max|x| / 127: llama.cpp's Q8 activations and a byte more, so that x is held
+ * as closely as int16 would; one byte alone moves SmolLM2-135M's logits by up to 1.3 and its
+ * greedy answers with them), with the integer sum of every 16. Per block of 16 weight rows and
+ * group, the codes are decoded in registers to unsigned bytes and dotted with both parts four
+ * at a time per 32-bit lane (vpdpbusd with AVX-512 VNNI; two vpmaddwd without it; plain C),
+ * exact in int32 (dot = 256 dot(hi) + dot(lo)); then per row of x, in fp32,
+ *     out += (dot - zero * sum(xq)) * (s * dx / 256) + m * sum(xq) * dx / 256
+ * for each 16 or 32 values with their scale s and min m. Every output is computed the same way
+ * whatever M, the thread count or the part of the split that computes it, so results do not
+ * depend on the batch. Entry points per ISA: AVX-512 VNNI, AVX-512BW, AVX2, portable C;
+ * plait_qmm_isa() names the best the CPU runs and the caller may ask for a lower one. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -25,49 +21,81 @@
 
 #include "plait_kernels.h"
 
+/* 64-byte vector types in the portable and AVX2 builds are passed only to inlined helpers. */
+#pragma GCC diagnostic ignored "-Wpsabi"
+
 #define BLOCK_ROWS 16
-#define XQ_MAX 32767.0f
-/* Codes are prefetched this many bytes ahead into L1 (and 4x as far into L2 for 4-bit codes):
- * the hardware prefetcher alone leaves a one-token decode (weights streaming from DRAM) at
- * about half the bandwidth. */
+#define XQ_MAX 127.0f
+/* Codes are prefetched this many bytes ahead into L1 (4x as far into L2): the hardware
+ * prefetcher alone leaves a one-token decode (weights from DRAM) well short of bandwidth. */
 #define PF_DIST 4096
 
 enum { ISA_GENERIC = 0, ISA_AVX2 = 1, ISA_AVX512 = 2, ISA_AVX512_VNNI = 3 };
 
-/* ---- activations -> int16 per group (shared by every ISA) ------------------------------- */
+typedef uint8_t u8x64 __attribute__((vector_size(64)));
+typedef int8_t i8x64 __attribute__((vector_size(64)));
+typedef uint16_t u16x32 __attribute__((vector_size(64)));
+typedef int16_t i16x32 __attribute__((vector_size(64)));
+typedef int32_t i32x16 __attribute__((vector_size(64)));
+typedef float f32x16 __attribute__((vector_size(64)));
+typedef int8_t i8x16 __attribute__((vector_size(16)));
 
-/* One row: xq = round(x / dx) with dx = max|x| / 32767 per group; xs = sum of x per group. A
- * group holding inf or nan gets dx = nan, so its outputs are nan. */
-PLAIT_INLINE void quantize_row(const float *x, int64_t k, int64_t group, int16_t *xq, float *dx,
-                               float *xs) {
-    for (int64_t g = 0; g * group < k; ++g) {
-        const float *xg = x + g * group;
+/* x quantized for one call (quantize_row): xq [m, 2k] int8, dx [m, k / 32], isum [m, k / 16]. */
+typedef struct {
+    const int8_t *xq;
+    const float *dx;
+    const int32_t *isum;
+    int64_t m, k;
+} qmm_act_t;
+
+PLAIT_INLINE int64_t qmm_group_bytes(int planes) {
+    static const int64_t bytes[] = {256, 512, 320, 384, 128, 192, 256};
+    return bytes[planes];
+}
+
+PLAIT_INLINE int64_t qmm_scale_bytes(int form) { return form == QMM_SF32 ? 4 : form == QMM_SF16 ? 2 : 1; }
+
+/* ---- activations -> two int8 parts per group of 32 (shared by every ISA) ----------------- */
+
+/* One row, per group of 32: x / dx = hi + lo / 256 with dx = max|x| / 127, hi = round(x / dx)
+ * and lo = round(256 * (x / dx - hi)) (clamped to 127), so x is known to within dx / 512 (as
+ * well as int16 would hold it) while each part is a byte the VNNI dot takes. xq holds hi then
+ * lo per group (64 bytes); dx is stored / 256; isum per 16 is 256 * sum(hi) + sum(lo). A group
+ * holding inf or nan gets dx = nan, so its outputs are nan. */
+PLAIT_INLINE void quantize_row(const float *x, int64_t k, int8_t *xq, float *dx, int32_t *isum) {
+    for (int64_t g = 0; g * 32 < k; ++g) {
+        const float *xg = x + g * 32;
         float amax = 0.0f, sum = 0.0f;
 #pragma omp simd reduction(max : amax) reduction(+ : sum)
-        for (int64_t i = 0; i < group; ++i) {
+        for (int i = 0; i < 32; ++i) {
             float a = fabsf(xg[i]);
             amax = a > amax ? a : amax;
             sum += xg[i];
         }
         int finite = amax <= 3.4e38f && sum == sum; /* the max skips nan; the sum does not */
         float inv = finite && amax > 0.0f ? XQ_MAX / amax : 0.0f;
-        dx[g] = finite ? amax / XQ_MAX : NAN;
-        xs[g] = sum;
-        int16_t *qg = xq + g * group;
-#pragma omp simd
-        for (int64_t i = 0; i < group; ++i) {
-            float r = xg[i] * inv;
-            qg[i] = (int16_t)(r + (r >= 0.0f ? 0.5f : -0.5f));
+        dx[g] = finite ? amax / (XQ_MAX * 256.0f) : NAN;
+        int8_t *hi = xq + g * 64, *lo = hi + 32;
+        int32_t s[2] = {0, 0};
+        for (int h = 0; h < 2; ++h) {
+#pragma omp simd reduction(+ : s)
+            for (int i = 16 * h; i < 16 * h + 16; ++i) {
+                float r = xg[i] * inv;
+                int q = (int)(r + (r >= 0.0f ? 0.5f : -0.5f));
+                float f = (r - (float)q) * 256.0f;
+                int l = (int)(f + (f >= 0.0f ? 0.5f : -0.5f));
+                l = l > 127 ? 127 : l;
+                hi[i] = (int8_t)q;
+                lo[i] = (int8_t)l;
+                s[h] += 256 * q + l;
+            }
         }
+        isum[2 * g] = s[0];
+        isum[2 * g + 1] = s[1];
     }
 }
 
 PLAIT_INLINE float half_to_float(uint16_t h) {
-#if defined(__aarch64__)
-    __fp16 f;
-    memcpy(&f, &h, sizeof f);
-    return (float)f; /* one instruction there */
-#endif
     uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
     if (exp == 0x1f) {
         bits = sign | 0x7f800000u | (man << 13);
@@ -85,259 +113,166 @@ PLAIT_INLINE float half_to_float(uint16_t h) {
     return out;
 }
 
-PLAIT_INLINE float load_scale(const void *p, int64_t i, int half) {
-    return half ? half_to_float(((const uint16_t *)p)[i]) : ((const float *)p)[i];
-}
+/* The IQ4_NL codebook (ggml's kvalues_iq4nl) + 128, as the codes the kernels dot. */
+static const uint8_t IQ4_TABLE[16] = {1,   24,  45,  63,  79,  93,  106, 118,
+                                      129, 141, 153, 166, 181, 197, 217, 241};
 
 /* ---- portable C ----------------------------------------------------------------------------- */
 
-/* Integer dots of one block's 16 rows with one row of xq over one group, the loops shaped for
- * the auto-vectorizer (the 32 lanes of a chunk, as pmaddwd sees them: lane 2r + e). */
-PLAIT_INLINE void generic_group_dots(const uint8_t *cp, const int16_t *xg, int64_t group, int bits,
-                                     int32_t acc[BLOCK_ROWS]) {
-    enum { LANES = 2 * BLOCK_ROWS };
-    int32_t lanes[LANES] = {0};
-    int16_t xpat[LANES]; /* int16 x int16 products: a widening multiply the vectorizer knows */
-    if (bits == 4) {
-        for (int64_t c = 0; c < group; c += 8, cp += 64) {
-            uint16_t words[LANES];
-            memcpy(words, cp, sizeof words);
-            for (int j = 0; j < 4; ++j) {
-                for (int r = 0; r < BLOCK_ROWS; ++r) memcpy(xpat + 2 * r, xg + c + 2 * j, 4);
-#pragma omp simd
-                for (int w = 0; w < LANES; ++w)
-                    lanes[w] += (int16_t)((words[w] >> (4 * j)) & 0xf) * xpat[w];
-            }
-        }
-    } else {
-        for (int64_t p = 0; p < group; p += 2, cp += 32) {
-            int8_t bytes[LANES];
-            memcpy(bytes, cp, sizeof bytes);
-            for (int r = 0; r < BLOCK_ROWS; ++r) memcpy(xpat + 2 * r, xg + p, 4);
-#pragma omp simd
-            for (int w = 0; w < LANES; ++w) lanes[w] += (int16_t)bytes[w] * xpat[w];
-        }
+PLAIT_INLINE i32x16 dp_generic(i32x16 acc, u8x64 a, i8x64 b) {
+    i32x16 ua = (i32x16)a, sb = (i32x16)b;
+    for (int j = 0; j < 4; ++j) {
+        i32x16 aj = (ua >> (8 * j)) & 0xff;
+        i32x16 bj = (sb << (24 - 8 * j)) >> 24;
+        acc += aj * bj;
     }
-    for (int r = 0; r < BLOCK_ROWS; ++r) acc[r] = lanes[2 * r] + lanes[2 * r + 1];
+    return acc;
 }
 
-/* Rows of x go GENERIC_ROWS at a time, groups in the middle loop: a group's scales are
- * converted once for all of them. */
-#define GENERIC_ROWS 64
-
-static void generic_block(const int16_t *xq, const float *dx, const float *xs, int64_t m,
-                          int64_t k, const uint8_t *codes, const void *scales, const void *mins,
-                          int half, int bits, int64_t group, float *out, int64_t ldo,
-                          int64_t rows) {
-    int64_t gc = k / group, gbytes = group * BLOCK_ROWS * bits / 8;
-    for (int64_t i0 = 0; i0 < m; i0 += GENERIC_ROWS) {
-        int64_t mt = m - i0 < GENERIC_ROWS ? m - i0 : GENERIC_ROWS;
-        float tot[GENERIC_ROWS][BLOCK_ROWS];
-        memset(tot, 0, sizeof tot[0] * (size_t)mt);
-        for (int64_t g = 0; g < gc; ++g) {
-            float s[BLOCK_ROWS], mn[BLOCK_ROWS];
-            for (int r = 0; r < BLOCK_ROWS; ++r) {
-                s[r] = load_scale(scales, g * BLOCK_ROWS + r, half);
-                mn[r] = mins != NULL ? load_scale(mins, g * BLOCK_ROWS + r, half) : 0.0f;
-            }
-            for (int64_t i = i0; i < i0 + mt; ++i) {
-                int32_t acc[BLOCK_ROWS];
-                generic_group_dots(codes + g * gbytes, xq + i * k + g * group, group, bits, acc);
-                float d = dx[i * gc + g], sx = xs[i * gc + g], *t = tot[i - i0];
-                for (int r = 0; r < BLOCK_ROWS; ++r) /* no fmaf: a libm call without FMA */
-                    t[r] += (float)acc[r] * (s[r] * d) + mn[r] * sx;
-            }
-        }
-        for (int64_t i = i0; i < i0 + mt; ++i)
-            for (int64_t r = 0; r < rows; ++r) out[i * ldo + r] = tot[i - i0][r];
-    }
+PLAIT_INLINE u8x64 lut_generic(u8x64 v) {
+    u8x64 out;
+    for (int i = 0; i < 64; ++i) out[i] = IQ4_TABLE[v[i] & 15];
+    return out;
 }
+
+PLAIT_INLINE f32x16 cvtph_generic(const uint16_t *p) {
+    f32x16 out;
+    for (int i = 0; i < 16; ++i) out[i] = half_to_float(p[i]);
+    return out;
+}
+
+PLAIT_INLINE f32x16 cvti8_generic(const void *p) {
+    f32x16 out;
+    for (int i = 0; i < 16; ++i) out[i] = (float)((const int8_t *)p)[i];
+    return out;
+}
+
+#define QMM_SFX _generic
+#define QMM_CVTI8 cvti8_generic
+#define QMM_DP dp_generic
+#define QMM_LUT lut_generic
+#define QMM_CVTPH cvtph_generic
+#include "qmm_tile.h"
+#undef QMM_SFX
+#undef QMM_DP
+#undef QMM_LUT
+#undef QMM_CVTPH
+#undef QMM_CVTI8
 
 /* ---- x86 SIMD ------------------------------------------------------------------------------ */
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 
-#define T_AVX512 "avx512f,avx512bw,avx512vl,avx512dq,fma,f16c"
-#define T_AVX512VNNI T_AVX512 ",avx512vnni"
-#define T_AVX2 "avx2,fma,f16c"
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+/* AVX2: a 64-byte vector is two registers; the dot as two vpmaddwd per half (even and odd
+ * bytes widened to 16 bits: exact, no saturation). */
+PLAIT_INLINE __m256i dp_half_avx2(__m256i acc, __m256i a, __m256i b) {
+    __m256i ae = _mm256_and_si256(a, _mm256_set1_epi16(0xff)), ao = _mm256_srli_epi16(a, 8);
+    __m256i be = _mm256_srai_epi16(_mm256_slli_epi16(b, 8), 8), bo = _mm256_srai_epi16(b, 8);
+    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(ae, be));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(ao, bo));
+}
 
-PLAIT_INLINE int32_t pair_at(const int16_t *p) {
-    int32_t v;
-    memcpy(&v, p, sizeof v);
+PLAIT_INLINE i32x16 dp_avx2(i32x16 acc, u8x64 a, i8x64 b) {
+    __m256i c[2], x[2], y[2];
+    memcpy(c, &acc, 64);
+    memcpy(x, &a, 64);
+    memcpy(y, &b, 64);
+    c[0] = dp_half_avx2(c[0], x[0], y[0]);
+    c[1] = dp_half_avx2(c[1], x[1], y[1]);
+    memcpy(&acc, c, 64);
+    return acc;
+}
+
+PLAIT_INLINE u8x64 lut_avx2(u8x64 v) {
+    __m256i t = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4_TABLE)), x[2];
+    memcpy(x, &v, 64);
+    x[0] = _mm256_shuffle_epi8(t, x[0]);
+    x[1] = _mm256_shuffle_epi8(t, x[1]);
+    memcpy(&v, x, 64);
     return v;
 }
 
-/* The AVX-512 tile: one block of 16 rows against MT rows of x. DP(acc, codes, x) adds the
- * pairwise int16 products to acc (vpdpwssd, or vpmaddwd + vpaddd without VNNI). */
-#define DEFINE_AVX512_TILE(NAME, TARGET, DP)                                                       \
-    __attribute__((target(TARGET))) PLAIT_INLINE __m512 load16_##NAME(const void *p, int64_t at,   \
-                                                                      int half) {                  \
-        const __m256i *h = (const __m256i *)((const uint16_t *)p + at);                            \
-        return half ? _mm512_cvtph_ps(_mm256_loadu_si256(h))                                       \
-                    : _mm512_loadu_ps((const float *)p + at);                                      \
-    }                                                                                              \
-    __attribute__((target(TARGET))) PLAIT_INLINE void NAME(                                       \
-        const int16_t *xq, const float *dx, const float *xs, int64_t k, const uint8_t *codes,     \
-        const void *scales, const void *mins, int half, int bits, int64_t group, float *out,      \
-        int64_t ldo, int64_t rows, const int MT) {                                                 \
-        int64_t gc = k / group;                                                                    \
-        const int NACC = MT >= 4 ? 1 : 4 / MT; /* independent sums per row: latency */            \
-        __m512 tot[4];                                                                             \
-        for (int i = 0; i < MT; ++i) tot[i] = _mm512_setzero_ps();                                 \
-        const int NACC4 = NACC < 2 ? 2 : NACC;                                                     \
-        const __m512i low4 = _mm512_set1_epi16(0xf), high4 = _mm512_set1_epi16(0xf0);             \
-        const uint8_t *cp = codes;                                                                 \
-        for (int64_t g = 0; g < gc; ++g) {                                                         \
-            const int16_t *xg = xq + g * group;                                                    \
-            __m512i acc[4][4];                                                                     \
-            for (int i = 0; i < MT; ++i)                                                           \
-                for (int a = 0; a < 4; ++a) acc[i][a] = _mm512_setzero_si512();                    \
-            if (bits == 4) { /* nibbles 1 and 3 kept at 16x: acc[i][odd] sums 16 * dot */        \
-                for (int64_t c = 0; c < group; c += 8, cp += 64) {                                 \
-                    _mm_prefetch((const char *)cp + PF_DIST, _MM_HINT_T0);                         \
-                    _mm_prefetch((const char *)cp + 4 * PF_DIST, _MM_HINT_T1);                     \
-                    __m512i v = _mm512_loadu_si512(cp), v8 = _mm512_srli_epi16(v, 8);              \
-                    __m512i vj[4] = {_mm512_and_si512(v, low4), _mm512_and_si512(v, high4),        \
-                                     _mm512_and_si512(v8, low4), _mm512_and_si512(v8, high4)};     \
-                    for (int i = 0; i < MT; ++i)                                                   \
-                        for (int j = 0; j < 4; ++j) {                                              \
-                            __m512i xb = _mm512_set1_epi32(pair_at(xg + i * k + c + 2 * j));       \
-                            acc[i][j % NACC4] = DP(acc[i][j % NACC4], vj[j], xb);                  \
-                        }                                                                          \
-                }                                                                                  \
-                for (int i = 0; i < MT; ++i) {                                                     \
-                    for (int a = 2; a < NACC4; ++a)                                                \
-                        acc[i][a % 2] = _mm512_add_epi32(acc[i][a % 2], acc[i][a]);                \
-                    acc[i][0] = _mm512_add_epi32(acc[i][0], _mm512_srai_epi32(acc[i][1], 4));      \
-                }                                                                                  \
-            } else {                                                                               \
-                for (int64_t p = 0; p < group; p += 2 * NACC) {                                    \
-                    for (int a = 0; a < NACC; ++a, cp += 32) {                                     \
-                        if (!(a & 1)) _mm_prefetch((const char *)cp + PF_DIST, _MM_HINT_T0);       \
-                        __m512i v = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const void *)cp));    \
-                        for (int i = 0; i < MT; ++i) {                                             \
-                            __m512i xb = _mm512_set1_epi32(pair_at(xg + i * k + p + 2 * a));       \
-                            acc[i][a] = DP(acc[i][a], v, xb);                                      \
-                        }                                                                          \
-                    }                                                                              \
-                }                                                                                  \
-                for (int i = 0; i < MT; ++i)                                                       \
-                    for (int a = 1; a < NACC; ++a)                                                 \
-                        acc[i][0] = _mm512_add_epi32(acc[i][0], acc[i][a]);                        \
-            }                                                                                      \
-            __m512 s = load16_##NAME(scales, g * BLOCK_ROWS, half);                                \
-            for (int i = 0; i < MT; ++i) {                                                         \
-                __m512 si = _mm512_mul_ps(s, _mm512_set1_ps(dx[i * gc + g]));                      \
-                tot[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[i][0]), si, tot[i]);               \
-            }                                                                                      \
-            if (mins != NULL) {                                                                    \
-                __m512 mn = load16_##NAME(mins, g * BLOCK_ROWS, half);                             \
-                for (int i = 0; i < MT; ++i)                                                       \
-                    tot[i] = _mm512_fmadd_ps(mn, _mm512_set1_ps(xs[i * gc + g]), tot[i]);          \
-            }                                                                                      \
-        }                                                                                          \
-        __mmask16 keep = (__mmask16)((1u << rows) - 1u);                                           \
-        for (int i = 0; i < MT; ++i) _mm512_mask_storeu_ps(out + i * ldo, keep, tot[i]);           \
-    }
-
-#define DP_VNNI(acc, a, b) _mm512_dpwssd_epi32(acc, a, b)
-#define DP_MADD(acc, a, b) _mm512_add_epi32(acc, _mm512_madd_epi16(a, b))
-DEFINE_AVX512_TILE(tile_avx512_vnni, T_AVX512VNNI, DP_VNNI)
-DEFINE_AVX512_TILE(tile_avx512, T_AVX512, DP_MADD)
-
-/* 8 scales (or mins) from fp16 or fp32. */
-__attribute__((target(T_AVX2))) PLAIT_INLINE __m256 load8_avx2(const void *p, int64_t at,
-                                                               int half) {
-    return half ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + at)))
-                : _mm256_loadu_ps((const float *)p + at);
+PLAIT_INLINE f32x16 cvtph_avx2(const uint16_t *p) {
+    __m256 h[2] = {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)),
+                   _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8)))};
+    f32x16 out;
+    memcpy(&out, h, 64);
+    return out;
 }
 
-/* AVX2: the block as two halves of 8 rows (the low and high 32 bytes of a 4-bit chunk, 16 of
- * an 8-bit one), each like the AVX-512 tile with 256-bit registers. */
-__attribute__((target(T_AVX2))) PLAIT_INLINE void tile_avx2(
-    const int16_t *xq, const float *dx, const float *xs, int64_t k, const uint8_t *codes,
-    const void *scales, const void *mins, int half, int bits, int64_t group, float *out,
-    int64_t ldo, int64_t rows, const int MT) {
-    int64_t gc = k / group;
-    const __m256i low4 = _mm256_set1_epi16(0xf);
-    for (int h = 0; h < 2; ++h) {
-        __m256 tot[4];
-        for (int i = 0; i < MT; ++i) tot[i] = _mm256_setzero_ps();
-        const uint8_t *cp = codes;
-        for (int64_t g = 0; g < gc; ++g) {
-            const int16_t *xg = xq + g * group;
-            __m256i acc[4];
-            for (int i = 0; i < MT; ++i) acc[i] = _mm256_setzero_si256();
-            if (bits == 4) {
-                for (int64_t c = 0; c < group; c += 8, cp += 64) {
-                    _mm_prefetch((const char *)cp + PF_DIST, _MM_HINT_T0);
-                    __m256i v = _mm256_loadu_si256((const void *)(cp + 32 * h));
-                    __m256i vs[4] = {_mm256_and_si256(v, low4),
-                                     _mm256_and_si256(_mm256_srli_epi16(v, 4), low4),
-                                     _mm256_and_si256(_mm256_srli_epi16(v, 8), low4),
-                                     _mm256_srli_epi16(v, 12)};
-                    for (int i = 0; i < MT; ++i)
-                        for (int j = 0; j < 4; ++j) {
-                            __m256i xb = _mm256_set1_epi32(pair_at(xg + i * k + c + 2 * j));
-                            acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(vs[j], xb));
-                        }
-                }
-            } else {
-                for (int64_t p = 0; p < group; p += 2, cp += 32) {
-                    if (p % 4 == 0) _mm_prefetch((const char *)cp + PF_DIST, _MM_HINT_T0);
-                    __m256i v = _mm256_cvtepi8_epi16(_mm_loadu_si128((const void *)(cp + 16 * h)));
-                    for (int i = 0; i < MT; ++i) {
-                        __m256i xb = _mm256_set1_epi32(pair_at(xg + i * k + p));
-                        acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(v, xb));
-                    }
-                }
-            }
-            int64_t at = g * BLOCK_ROWS + 8 * h;
-            __m256 s = load8_avx2(scales, at, half);
-            for (int i = 0; i < MT; ++i) {
-                __m256 si = _mm256_mul_ps(s, _mm256_set1_ps(dx[i * gc + g]));
-                tot[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[i]), si, tot[i]);
-            }
-            if (mins != NULL) {
-                __m256 mn = load8_avx2(mins, at, half);
-                for (int i = 0; i < MT; ++i)
-                    tot[i] = _mm256_fmadd_ps(mn, _mm256_set1_ps(xs[i * gc + g]), tot[i]);
-            }
-        }
-        for (int i = 0; i < MT; ++i) {
-            float lane[8];
-            _mm256_storeu_ps(lane, tot[i]);
-            for (int64_t r = 8 * h; r < rows && r < 8 * h + 8; ++r)
-                out[i * ldo + r] = lane[r - 8 * h];
-        }
-    }
+PLAIT_INLINE f32x16 cvti8_avx2(const void *p) {
+    __m128i b = _mm_loadu_si128((const __m128i *)p);
+    __m256 h[2] = {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)),
+                   _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)))};
+    f32x16 out;
+    memcpy(&out, h, 64);
+    return out;
 }
 
-/* One block against all m rows of x: MT = 4 at a time (8 would spill registers), then the
- * rest by 2 and 1. */
-#define DEFINE_BLOCK(NAME, TARGET, TILE)                                                           \
-    __attribute__((target(TARGET))) static void NAME(                                             \
-        const int16_t *xq, const float *dx, const float *xs, int64_t m, int64_t k,                 \
-        const uint8_t *codes, const void *scales, const void *mins, int half, int bits,           \
-        int64_t group, float *out, int64_t ldo, int64_t rows) {                                    \
-        int64_t gc = k / group, i = 0;                                                             \
-        for (; i + 4 <= m; i += 4)                                                                 \
-            TILE(xq + i * k, dx + i * gc, xs + i * gc, k, codes, scales, mins, half, bits, group,  \
-                 out + i * ldo, ldo, rows, 4);                                                     \
-        if (i + 2 <= m) {                                                                          \
-            TILE(xq + i * k, dx + i * gc, xs + i * gc, k, codes, scales, mins, half, bits, group,  \
-                 out + i * ldo, ldo, rows, 2);                                                     \
-            i += 2;                                                                                \
-        }                                                                                          \
-        if (i < m)                                                                                 \
-            TILE(xq + i * k, dx + i * gc, xs + i * gc, k, codes, scales, mins, half, bits, group,  \
-                 out + i * ldo, ldo, rows, 1);                                                     \
-    }
+#define QMM_SFX _avx2
+#define QMM_CVTI8 cvti8_avx2
+#define QMM_DP dp_avx2
+#define QMM_LUT lut_avx2
+#define QMM_CVTPH cvtph_avx2
+#include "qmm_tile.h"
+#undef QMM_SFX
+#undef QMM_DP
+#undef QMM_LUT
+#undef QMM_CVTPH
+#undef QMM_CVTI8
+#pragma GCC pop_options
 
-DEFINE_BLOCK(block_avx512_vnni, T_AVX512VNNI, tile_avx512_vnni)
-DEFINE_BLOCK(block_avx512, T_AVX512, tile_avx512)
-DEFINE_BLOCK(block_avx2, T_AVX2, tile_avx2)
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")
+PLAIT_INLINE i32x16 dp_avx512(i32x16 acc, u8x64 a, i8x64 b) {
+    __m512i ai = (__m512i)a, bi = (__m512i)b;
+    __m512i ae = _mm512_and_si512(ai, _mm512_set1_epi16(0xff)), ao = _mm512_srli_epi16(ai, 8);
+    __m512i be = _mm512_srai_epi16(_mm512_slli_epi16(bi, 8), 8), bo = _mm512_srai_epi16(bi, 8);
+    __m512i s = _mm512_add_epi32(_mm512_madd_epi16(ae, be), _mm512_madd_epi16(ao, bo));
+    return (i32x16)_mm512_add_epi32((__m512i)acc, s);
+}
+
+PLAIT_INLINE u8x64 lut_avx512(u8x64 v) {
+    __m512i t = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)IQ4_TABLE));
+    return (u8x64)_mm512_shuffle_epi8(t, (__m512i)v);
+}
+
+PLAIT_INLINE f32x16 cvtph_avx512(const uint16_t *p) {
+    return (f32x16)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+}
+
+PLAIT_INLINE f32x16 cvti8_avx512(const void *p) {
+    return (f32x16)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
+
+#define QMM_SFX _avx512
+#define QMM_CVTI8 cvti8_avx512
+#define QMM_DP dp_avx512
+#define QMM_LUT lut_avx512
+#define QMM_CVTPH cvtph_avx512
+#include "qmm_tile.h"
+#undef QMM_SFX
+#undef QMM_DP
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c")
+PLAIT_INLINE i32x16 dp_vnni(i32x16 acc, u8x64 a, i8x64 b) {
+    return (i32x16)_mm512_dpbusd_epi32((__m512i)acc, (__m512i)a, (__m512i)b);
+}
+
+#define QMM_SFX _vnni
+#define QMM_DP dp_vnni
+#include "qmm_tile.h"
+#undef QMM_SFX
+#undef QMM_DP
+#undef QMM_LUT
+#undef QMM_CVTPH
+#undef QMM_CVTI8
+#pragma GCC pop_options
 
 int plait_qmm_isa(void) {
     __builtin_cpu_init();
@@ -357,18 +292,17 @@ int plait_qmm_isa(void) { return ISA_GENERIC; }
 
 /* ---- entry point --------------------------------------------------------------------------- */
 
-typedef void (*block_fn)(const int16_t *, const float *, const float *, int64_t, int64_t,
-                         const uint8_t *, const void *, const void *, int, int, int64_t, float *,
-                         int64_t, int64_t);
+typedef void (*block_fn)(const plait_qpart_t *, const qmm_act_t *, int64_t, float *, int64_t,
+                         int);
 
 static block_fn pick(int isa) {
 #if defined(__x86_64__) && defined(__GNUC__)
-    if (isa >= ISA_AVX512_VNNI) return block_avx512_vnni;
+    if (isa >= ISA_AVX512_VNNI) return block_vnni;
     if (isa == ISA_AVX512) return block_avx512;
     if (isa == ISA_AVX2) return block_avx2;
 #endif
     (void)isa;
-    return generic_block;
+    return block_generic;
 }
 
 /* Scratch for the quantized x, kept per thread and grown as needed. */
@@ -386,32 +320,31 @@ static void *scratch(size_t bytes) {
 
 typedef struct {
     block_fn run;
-    const int16_t *xq;
-    const float *dx, *xs, *bias;
-    const uint8_t *codes;
-    const void *scales, *mins;
-    int half, bits;
-    int64_t m, k, group, n, blocks, ldo;
+    const plait_weight_t *w;
+    qmm_act_t act;
+    const float *bias;
     float *out;
+    int64_t first[PLAIT_QMM_MAX_PARTS + 1]; /* the parts' first block in the job's numbering */
+    int64_t row0[PLAIT_QMM_MAX_PARTS];      /* the parts' first output column */
 } job_t;
 
 /* Part `part` of `parts` of a job: a contiguous range of row blocks (so every output is
  * computed the same way whichever thread runs it). */
 static void run_part(void *ctx, int part, int parts) {
     const job_t *j = ctx;
-    int64_t b0 = j->blocks * part / parts, b1 = j->blocks * (part + 1) / parts;
-    int64_t gc = j->k / j->group, block_bytes = j->k * BLOCK_ROWS * j->bits / 8;
-    size_t el = j->half ? 2 : 4, block_scales = (size_t)(gc * BLOCK_ROWS) * el;
+    int64_t total = j->first[j->w->nparts];
+    int64_t b0 = total * part / parts, b1 = total * (part + 1) / parts, m = j->act.m;
+    int64_t ldo = j->w->n, p = 0;
     for (int64_t b = b0; b < b1; ++b) {
-        int64_t rows = j->n - b * BLOCK_ROWS < BLOCK_ROWS ? j->n - b * BLOCK_ROWS : BLOCK_ROWS;
-        const char *sc = (const char *)j->scales + (size_t)b * block_scales;
-        const char *mn = j->mins ? (const char *)j->mins + (size_t)b * block_scales : NULL;
-        float *ob = j->out + b * BLOCK_ROWS;
-        j->run(j->xq, j->dx, j->xs, j->m, j->k, j->codes + b * block_bytes, sc, mn, j->half,
-               j->bits, j->group, ob, j->ldo, rows);
+        while (b >= j->first[p + 1]) ++p;
+        const plait_qpart_t *q = &j->w->part[p];
+        int64_t blk = b - j->first[p], r0 = j->row0[p] + blk * BLOCK_ROWS;
+        int rows = q->n - blk * BLOCK_ROWS < BLOCK_ROWS ? (int)(q->n - blk * BLOCK_ROWS) : BLOCK_ROWS;
+        float *ob = j->out + r0;
+        j->run(q, &j->act, blk, ob, ldo, rows);
         if (j->bias == NULL) continue;
-        for (int64_t i = 0; i < j->m; ++i)
-            for (int64_t r = 0; r < rows; ++r) ob[i * j->ldo + r] += j->bias[b * BLOCK_ROWS + r];
+        for (int64_t i = 0; i < m; ++i)
+            for (int r = 0; r < rows; ++r) ob[i * ldo + r] += j->bias[r0 + r];
     }
 }
 
@@ -420,29 +353,45 @@ static void run_part(void *ctx, int part, int parts) {
 #define MIN_PART_WORK 8192
 #define PARTS_PER_THREAD 4
 
-/* The packed weight is a plait_weight_t (plait_kernels.h; one struct per weight, built once by
- * the Python side). out[i, :n] = x[i] @ W^T (+ bias) for i < m. x is fp32 with row stride ldx, out [m, n]
+static int check_weight(const plait_weight_t *w) {
+    if (w->k <= 0 || w->k % 32 || w->nparts < 1 || w->nparts > PLAIT_QMM_MAX_PARTS) return 0;
+    int64_t n = 0;
+    for (int64_t p = 0; p < w->nparts; ++p) {
+        const plait_qpart_t *q = &w->part[p];
+        if (q->planes < QMM_P4 || q->planes > QMM_IQ4 || q->scale_form < QMM_SF16 ||
+            q->scale_form > QMM_SK || (q->sub != 16 && q->sub != 32) || q->n <= 0)
+            return 0;
+        if (q->scale_form == QMM_SK && (w->k % 256 || q->d == NULL)) return 0;
+        n += q->n;
+    }
+    return n == w->n;
+}
+
+/* out[i, :n] = x[i] @ W^T (+ bias) for i < m. x is fp32 with row stride ldx, out [m, n]
  * contiguous, bias [n] or NULL. The row blocks are split over up to `threads` threads through
  * `pool` (plait_pool_run of thread_pool.c; NULL: this thread only). Returns the number of
- * threads asked to run it (>= 1), -1 when out of memory, -3 on an unsupported shape. */
+ * threads asked to run it (>= 1), -1 when out of memory, -3 on a weight it does not take. */
 int plait_qmm_f32(int isa, int threads, plait_pool_fn pool, const float *x, int64_t ldx,
                   int64_t m, const plait_weight_t *w, const float *bias, float *out) {
-    int64_t k = w->k, group = w->group, n = w->n;
-    if ((w->bits != 4 && w->bits != 8) || group < 16 || group > 256 || group % 16 || k % group ||
-        n < 0)
-        return -3;
-    int64_t gc = k / group;
-    size_t xq_bytes = ((size_t)(m * k) * sizeof(int16_t) + 63) & ~(size_t)63;
-    char *buf = scratch(xq_bytes + 2 * sizeof(float) * (size_t)(m * gc));
+    if (!check_weight(w)) return -3;
+    int64_t k = w->k, gc = k / 32;
+    size_t xq_bytes = ((size_t)(2 * m * k) + 63) & ~(size_t)63;
+    char *buf = scratch(xq_bytes + sizeof(float) * (size_t)(m * gc) +
+                        sizeof(int32_t) * (size_t)(2 * m * gc));
     if (buf == NULL) return -1;
-    int16_t *xq = (int16_t *)buf;
-    float *dx = (float *)(buf + xq_bytes), *xs = dx + m * gc;
+    int8_t *xq = (int8_t *)buf;
+    float *dx = (float *)(buf + xq_bytes);
+    int32_t *isum = (int32_t *)(dx + m * gc);
     for (int64_t i = 0; i < m; ++i)
-        quantize_row(x + i * ldx, k, group, xq + i * k, dx + i * gc, xs + i * gc);
-    job_t job = {pick(isa), xq,      dx, xs, bias, w->codes, w->scales, w->mins, (int)w->half,
-                 (int)w->bits, m, k, group, n, (n + BLOCK_ROWS - 1) / BLOCK_ROWS, n, out};
-    int64_t parts = job.blocks * k * m / MIN_PART_WORK, most = (int64_t)threads * PARTS_PER_THREAD;
-    parts = parts < job.blocks ? parts : job.blocks;
+        quantize_row(x + i * ldx, k, xq + 2 * i * k, dx + i * gc, isum + i * 2 * gc);
+    job_t job = {pick(isa), w, {xq, dx, isum, m, k}, bias, out, {0}, {0}};
+    for (int64_t p = 0; p < w->nparts; ++p) {
+        job.first[p + 1] = job.first[p] + (w->part[p].n + BLOCK_ROWS - 1) / BLOCK_ROWS;
+        if (p + 1 < w->nparts) job.row0[p + 1] = job.row0[p] + w->part[p].n;
+    }
+    int64_t blocks = job.first[w->nparts];
+    int64_t parts = blocks * k * m / MIN_PART_WORK, most = (int64_t)threads * PARTS_PER_THREAD;
+    parts = parts < blocks ? parts : blocks;
     parts = parts < most ? parts : most;
     if (pool != NULL && threads > 1 && parts > 1) return pool(run_part, &job, (int)parts, threads);
     run_part(&job, 0, 1);

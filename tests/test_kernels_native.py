@@ -1,0 +1,148 @@
+"""GGUF weights in the CPU kernels' native layout (`NativeWeight`): every kind packed from its
+blocks de-quantizes bit for bit like the file (the `gguf` package's de-quantization, through
+plait's unpacker, which tests/test_gguf_quants.py holds to it), at about the file's size; the
+C kernel on every ISA within the stated bound of the exact product (helpers.native_bound);
+weights of several kinds stacked, sliced by rows and columns, split over threads."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
+from gguf_synthetic import random_blocks
+
+import plait.kernels._quant_native as qn
+from helpers import native_bound
+from plait.backend.gguf.quants import QUANT_KINDS, unpack_blocks
+from plait.kernels.native_weight import NativeWeight, gguf_form
+from plait.kernels.quant import quant_embedding, quant_linear
+
+BEST = qn.native_isa()
+ISAS = [] if BEST is None else list(qn.ISAS[: qn.ISAS.index(BEST) + 1])
+pytestmark = pytest.mark.skipif(not ISAS, reason="no C compiler")
+LEGACY = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
+
+
+def raw_rows(kind: str, rows: int, cols: int, seed: int) -> np.ndarray:
+    """Rows of GGUF blocks: gguf's own quantizer for the legacy kinds (weights with outliers),
+    random valid blocks for the K-quants and IQ4."""
+    rng = np.random.default_rng(seed)
+    if kind not in LEGACY:
+        return random_blocks(kind, rows, cols, rng)
+    w = rng.normal(size=(rows, cols)) * np.exp(rng.normal(size=(rows, 1)))
+    return quants.quantize(w.astype(np.float32), GGMLQuantizationType[kind])
+
+
+def terms(dense: torch.Tensor, kind: str, raw: np.ndarray, cols: int) -> torch.Tensor:
+    q = unpack_blocks(kind, raw, cols)
+    t = (q.codes.double().view(q.shape[0], -1, q.group) * q.scales.double()[..., None]).abs()
+    t = t.view(q.shape)
+    if q.mins is not None:
+        t = t + q.mins.double().abs().repeat_interleave(q.group, dim=1)
+    return t + dense.double().abs()  # covers the zero offsets' rounding too
+
+
+@pytest.mark.parametrize("kind", QUANT_KINDS)
+def test_every_kind_packs_exactly_at_its_file_size(kind: str) -> None:
+    raw = raw_rows(kind, 48, 1024, seed=1)
+    rows = torch.randperm(48, generator=torch.Generator().manual_seed(0))
+    w = NativeWeight.from_gguf(kind, raw, rows=rows)
+    want = unpack_blocks(kind, raw, 1024).dequantize()[rows]
+    assert torch.equal(w.dequantize(), want)
+    assert torch.equal(w.dequantize_rows(torch.tensor([5, 0, 47])), want[[5, 0, 47]])
+    # at most the file's bytes plus a byte per 16 values where the file packs 4-bit (Q2_K's
+    # scale and min) or 6-bit (Q3_K's, IQ4_XS's) sub-scales tighter
+    most = 1.2 if kind == "Q2_K" else 1.07
+    assert raw.nbytes <= w.nbytes <= raw.nbytes * most, w.nbytes / raw.nbytes
+    assert w.parts[0].kind == kind and w.parts[0].form == gguf_form(kind)[0]
+
+
+@pytest.mark.parametrize("kind", QUANT_KINDS)
+@pytest.mark.parametrize("m", [1, 3, 16, 37])
+def test_kernel_every_isa_within_bound(kind: str, m: int) -> None:
+    n, k = 40, 512
+    raw = raw_rows(kind, n, k, seed=m)
+    w = NativeWeight.from_gguf(kind, raw)
+    dense = w.dequantize()
+    gen = torch.Generator().manual_seed(m)
+    x = torch.randn(m, k, generator=gen) * torch.logspace(-2, 1, k)  # outlier channels
+    bias = torch.randn(n, generator=gen)
+    exact = x.double() @ dense.double().T + bias.double()
+    bound = native_bound(x, dense, terms(dense, kind, raw, k))
+    outs = [qn.native_quant_linear(x, w, bias, isa=isa) for isa in ISAS]
+    for isa, out in zip(ISAS, outs, strict=True):
+        assert out is not None
+        err = (out.double() - exact).abs()
+        assert bool((err <= bound).all()), f"{isa}: err / bound {float((err / bound).max())}"
+    assert all(torch.equal(outs[0], o) for o in outs)  # the ISAs agree bit for bit
+
+
+def test_parts_of_different_kinds_stack_and_run_once() -> None:
+    """q, k, v of Q4_K, Q4_K, Q6_K (llama.cpp's Q4_K_M): Q4_K parts join, Q6_K stays its own,
+    nothing is widened; the product equals the parts' products."""
+    shapes = [("Q4_K", 64), ("Q4_K", 32), ("Q6_K", 32)]
+    raws = [raw_rows(kind, n, 512, seed=i) for i, (kind, n) in enumerate(shapes)]
+    parts = [NativeWeight.from_gguf(kind, r) for (kind, _), r in zip(shapes, raws, strict=True)]
+    w = NativeWeight.stack(parts)
+    assert [(p.kind, p.n) for p in w.parts] == [("Q4_K", 96), ("Q6_K", 32)]
+    assert w.nbytes == sum(p.nbytes for p in parts)
+    x = torch.randn(5, 512)
+    assert torch.equal(quant_linear(x, w), torch.cat([quant_linear(x, p) for p in parts], 1))
+    assert torch.equal(w.dequantize(), torch.cat([p.dequantize() for p in parts]))
+
+
+def test_slices_by_rows_and_columns_are_exact() -> None:
+    w = NativeWeight.stack([NativeWeight.from_gguf(kind, raw_rows(kind, 48, 768, seed=2))
+                            for kind in ("Q4_K", "Q8_0")])  # fmt: skip
+    dense = w.dequantize()
+    rows = w.slice(rows=[(16, 32), (48, 80)])
+    assert torch.equal(rows.dequantize(), torch.cat([dense[16:32], dense[48:80]]))
+    cols = w.slice(cols=(256, 768))
+    assert torch.equal(cols.dequantize(), dense[:, 256:768])
+    with pytest.raises(ValueError, match="multiples of 256"):
+        w.slice(cols=(32, 768))  # inside a Q4_K super-block
+    with pytest.raises(ValueError, match="multiples of 16"):
+        w.slice(rows=[(8, 24)])
+
+
+@pytest.mark.parametrize("threads", [2, 3, 64])
+def test_threads_give_one_threads_bits(threads: int) -> None:
+    w = NativeWeight.from_gguf("Q6_K", raw_rows("Q6_K", 16 * 40 + 5, 512, seed=3))
+    x = torch.randn(7, 512)
+    one = qn.native_quant_linear(x, w, threads=1)
+    many = qn.native_quant_linear(x, w, threads=threads)
+    assert qn.last_parts > 1
+    assert one is not None and many is not None and torch.equal(one, many)
+
+
+def test_a_row_does_not_depend_on_the_batch() -> None:
+    w = NativeWeight.from_gguf("Q4_K", raw_rows("Q4_K", 64, 512, seed=4))
+    x = torch.randn(9, 512)
+    whole = quant_linear(x, w)
+    assert all(torch.equal(quant_linear(x[i : i + 1], w), whole[i : i + 1]) for i in range(9))
+
+
+def test_nonfinite_input_gives_nan_in_its_row_only() -> None:
+    w = NativeWeight.from_gguf("Q5_K", raw_rows("Q5_K", 32, 512, seed=5))
+    x = torch.randn(3, 512)
+    x[0, 5], x[1, 300] = float("inf"), float("nan")
+    out = qn.native_quant_linear(x, w)
+    assert out is not None and out[:2].isnan().all() and out[2].isfinite().all()
+
+
+def test_embedding_lookup_and_bad_input() -> None:
+    raw = raw_rows("IQ4_XS", 64, 256, seed=6)
+    w = NativeWeight.from_gguf("IQ4_XS", raw)
+    ids = torch.tensor([[3, 63], [0, 17]])
+    want = unpack_blocks("IQ4_XS", raw, 256).dequantize()[ids]
+    assert torch.equal(quant_embedding(ids, w), want)
+    with pytest.raises(ValueError, match="ids must lie"):
+        quant_embedding(torch.tensor([64]), w)
+    with pytest.raises(ValueError, match="no native form"):
+        NativeWeight.from_gguf("TQ1_0", raw)
+    with pytest.raises(ValueError, match="rows must lie"):
+        NativeWeight.from_gguf("IQ4_XS", raw, rows=torch.tensor([64]))
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType.IQ4_XS]
+    with pytest.raises(ValueError, match="cannot pack"):
+        NativeWeight.from_gguf("IQ4_XS", raw[:, : size * 256 // block - 1])
