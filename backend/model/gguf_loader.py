@@ -37,7 +37,7 @@ from plait.backend.model.quantized import (
 from plait.backend.model.registry import gguf_family
 from plait.backend.model.rotary import row_order
 from plait.backend.model.weights import LINEARS, Target, check_complete, copy_into, hf_target
-from plait.kernels.native_weight import NativeWeight
+from plait.kernels.native_weight import GGUFRows, NativeWeight
 
 GLOBAL_NAMES = {
     "token_embd.weight": "embed_tokens.weight",
@@ -170,8 +170,7 @@ def _pack(blocks: list[QuantizedBlocks], device: torch.device) -> Packed:
     """One packed weight from a parameter's parts (q, k, v; gate, up): each GGUF kind in its
     own native form on the CPU, else unpacked and widened to a common `QuantWeight`."""
     if packs_natively(device):
-        parts = [NativeWeight.from_gguf(b.kind, b.raw, rows=b.rows) for b in blocks]
-        return NativeWeight.stack(parts)
+        return NativeWeight.from_gguf_stack([GGUFRows(b.kind, b.raw, b.rows) for b in blocks])
     return pack_merged([_logical(b.unpack()) for b in blocks]).to(device)
 
 

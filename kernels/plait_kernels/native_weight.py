@@ -144,24 +144,21 @@ class NativeWeight:
     ) -> NativeWeight:
         """Rows of a GGUF tensor (`raw`: uint8 [rows, bytes per row], e.g. a view of the
         memory-mapped file) packed natively; `rows` picks and orders them (default: all)."""
-        form, values, nbytes = gguf_form(kind)
-        raw = np.ascontiguousarray(raw, dtype=np.uint8)
-        k = raw.shape[1] // nbytes * values
-        index = None if rows is None else rows.to(torch.int64).contiguous()
-        n = raw.shape[0] if index is None else index.numel()
-        if index is not None and n and (int(index.min()) < 0 or int(index.max()) >= raw.shape[0]):
-            raise ValueError(f"rows must lie in [0, {raw.shape[0]})")
-        part = _empty_part(kind, form, n, k)
-        lib = _library()
-        status = lib.plait_pack_gguf(
-            _kind_index(kind), raw.ctypes.data, raw.shape[1],
-            None if index is None else index.data_ptr(), n, k,
-            *(None if t is None else t.data_ptr() for t in part.arrays),
-            torch.get_num_threads(), pool_function(),
-        )  # fmt: skip
-        if status != 0:
-            raise ValueError(f"cannot pack a {kind} tensor of {raw.shape[1]} bytes a row")
-        return cls(n=n, k=k, parts=(part,))
+        return cls.from_gguf_stack([GGUFRows(kind, raw, rows)])
+
+    @classmethod
+    def from_gguf_stack(cls, sources: Sequence[GGUFRows]) -> NativeWeight:
+        """GGUF tensors of one k stacked along n (q, k, v; gate, up), each packed once into
+        its place: adjacent ones of one form whose rows fill whole blocks share a part."""
+        groups: list[list[_Source]] = []
+        for src in (_Source.of(s) for s in sources):
+            last = groups[-1][-1] if groups else None
+            if last is not None and last.form == src.form and last.n % BLOCK_ROWS == 0:
+                groups[-1].append(src)
+            else:
+                groups.append([src])
+        parts = tuple(_pack_sources(group) for group in groups)
+        return cls(n=sum(p.n for p in parts), k=parts[0].k, parts=parts)
 
     @classmethod
     def from_logical(
@@ -280,6 +277,58 @@ def _row_range(parts: list[NativePart], a: int, b: int) -> list[NativePart]:
             out.append(p.blocks((lo - start) // BLOCK_ROWS, -(-(hi - start) // BLOCK_ROWS)))
         start += p.n
     return out
+
+
+@dataclass(frozen=True)
+class GGUFRows:
+    """Rows of a GGUF tensor as the file stores them: `raw` uint8 [rows, bytes per row] of
+    kind `kind`, picked and ordered by `rows` (None: all, in order)."""
+
+    kind: str
+    raw: np.ndarray
+    rows: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class _Source:
+    """A GGUFRows checked: its form, k and the row index the packer reads."""
+
+    kind: str
+    form: Form
+    raw: np.ndarray
+    index: torch.Tensor | None
+    n: int
+    k: int
+
+    @classmethod
+    def of(cls, src: GGUFRows) -> _Source:
+        form, values, nbytes = gguf_form(src.kind)
+        raw = np.ascontiguousarray(src.raw, dtype=np.uint8)
+        index = None if src.rows is None else src.rows.to(torch.int64).contiguous()
+        n = raw.shape[0] if index is None else index.numel()
+        if index is not None and n and (int(index.min()) < 0 or int(index.max()) >= raw.shape[0]):
+            raise ValueError(f"rows must lie in [0, {raw.shape[0]})")
+        return cls(src.kind, form, raw, index, n, raw.shape[1] // nbytes * values)
+
+
+def _pack_sources(group: list[_Source]) -> NativePart:
+    """One part holding every source of `group` (one form), each packed at its row blocks."""
+    kinds = list(dict.fromkeys(src.kind for src in group))
+    part = _empty_part("+".join(kinds), group[0].form, sum(src.n for src in group), group[0].k)
+    block = 0
+    for src in group:
+        if src.k != part.k:
+            raise ValueError(f"stacked tensors must have one k, got {src.k} and {part.k}")
+        ptrs = [None if t is None else t[block].data_ptr() for t in part.arrays]
+        status = _library().plait_pack_gguf(
+            _kind_index(src.kind), src.raw.ctypes.data, src.raw.shape[1],
+            None if src.index is None else src.index.data_ptr(), src.n, src.k, *ptrs,
+            torch.get_num_threads(), pool_function(),
+        )  # fmt: skip
+        if status != 0:
+            raise ValueError(f"cannot pack a {src.kind} tensor of {src.raw.shape[1]} bytes a row")
+        block += src.n // BLOCK_ROWS
+    return part
 
 
 def _joined(a: NativePart, b: NativePart) -> NativePart:

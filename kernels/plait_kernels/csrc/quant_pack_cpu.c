@@ -189,23 +189,41 @@ static void decode_group(int kind, const uint8_t *row, int64_t g, group_t *o) {
 
 /* ---- one group of 16 rows -> code planes ------------------------------------------------- */
 
-/* Write the planes of codes c[r][i] (row r of 16, value i of 32) at gp (qmm_tile.h layout). */
+/* Write the planes of codes c[r][i] (row r of 16, value i of 32) at gp (qmm_tile.h layout):
+ * byte 4r + b of each 64-byte chunk belongs to row r, so each loop below fills whole bytes. */
 static void write_planes(int planes, uint8_t c[BLOCK_ROWS][32], uint8_t *gp) {
-    memset(gp, 0, (size_t)group_bytes(planes));
     for (int r = 0; r < BLOCK_ROWS; ++r) {
-        for (int i = 0; i < 32; ++i) {
-            int t = i / 4, b = i % 4, at = 4 * r + b;
-            uint8_t v = c[r][i];
+        const uint8_t *v = c[r];
+        for (int b = 0; b < 4; ++b) {
+            uint8_t *at = gp + 4 * r + b;
             if (planes == QMM_P8) {
-                gp[64 * t + at] = v;
+                for (int t = 0; t < 8; ++t) at[64 * t] = v[4 * t + b];
             } else if (planes == QMM_P2 || planes == QMM_P2H1) {
-                gp[64 * (t / 4) + at] |= (uint8_t)((v & 3) << (2 * (t % 4)));
-                if (planes == QMM_P2H1) gp[128 + at] |= (uint8_t)(((v >> 2) & 1) << t);
+                for (int q = 0; q < 2; ++q) {
+                    uint8_t byte = 0;
+                    for (int j = 0; j < 4; ++j) byte |= (uint8_t)((v[16 * q + 4 * j + b] & 3) << (2 * j));
+                    at[64 * q] = byte;
+                }
+                if (planes == QMM_P2H1) {
+                    uint8_t h = 0;
+                    for (int t = 0; t < 8; ++t) h |= (uint8_t)(((v[4 * t + b] >> 2) & 1) << t);
+                    at[128] = h;
+                }
             } else {
-                gp[64 * (t / 2) + at] |= (uint8_t)((v & 15) << (4 * (t % 2)));
-                if (planes == QMM_P4H1) gp[256 + at] |= (uint8_t)(((v >> 4) & 1) << t);
-                if (planes == QMM_P4H2)
-                    gp[256 + 64 * (t / 4) + at] |= (uint8_t)(((v >> 4) & 3) << (2 * (t % 4)));
+                for (int q = 0; q < 4; ++q)
+                    at[64 * q] = (uint8_t)((v[8 * q + b] & 15) | (v[8 * q + 4 + b] & 15) << 4);
+                if (planes == QMM_P4H1) {
+                    uint8_t h = 0;
+                    for (int t = 0; t < 8; ++t) h |= (uint8_t)(((v[4 * t + b] >> 4) & 1) << t);
+                    at[256] = h;
+                } else if (planes == QMM_P4H2) {
+                    for (int q = 0; q < 2; ++q) {
+                        uint8_t h = 0;
+                        for (int j = 0; j < 4; ++j)
+                            h |= (uint8_t)(((v[16 * q + 4 * j + b] >> 4) & 3) << (2 * j));
+                        at[256 + 64 * q] = h;
+                    }
+                }
             }
         }
     }
