@@ -188,7 +188,7 @@ static void attend_units(phase_t *ph, int64_t u0, int64_t u1) {
         int64_t t = u0 / hkv, g0 = u0 % hkv, g1 = u1 - t * hkv < hkv ? u1 - t * hkv : hkv;
         int status = m->attend(b->q + t * hq * d, ph->l->k_pool, ph->l->v_pool, b->table,
                                b->rows + t, b->start + t, b->seq + t, b->table_stride,
-                               m->num_slots, 1, hq, hkv, d, g0, g1, m->scale,
+                               m->num_slots, 1, hq, hkv, d, g0, g1, m->scale, 0.0f,
                                b->attn + t * hq * d, b->lse + t * hq);
         if (status != 0) __atomic_store_n(&ph->status, status, __ATOMIC_SEQ_CST);
         u0 = t * hkv + g1;
