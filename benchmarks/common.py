@@ -38,10 +38,23 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
+def cpu_model() -> str:
+    """The CPU's model name (Linux: /proc/cpuinfo), else the platform's processor string:
+    results from different machines are not comparable, so each file names its CPU."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
 def write_results(name: str, data: dict[str, Any]) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     data = {
         "machine": platform.machine(),
+        "cpu": cpu_model(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "time": time.strftime("%Y-%m-%d %H:%M:%S"),

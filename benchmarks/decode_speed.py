@@ -2,9 +2,11 @@
 path and llama.cpp, on the same GGUF, at 1 and 2 threads.
 
     python -m benchmarks.decode_speed [--quick] [--threads 1,2] [--reps 5] [--no-llama-cpp]
+                                      [--model smollm2-135m|gemma3-270m|path.gguf]
+                                      [--kv-tokens 16384]
 
-`smollm2-135m` (SmolLM2-135M-Instruct, Q4_1 layers). One worker process per (system, thread
-count) keeps its model loaded; every repetition runs each measurement on every worker in turn
+By default `smollm2-135m` (SmolLM2-135M-Instruct, Q4_1 layers). One worker process per (system,
+thread count) keeps its model loaded; every repetition runs each measurement on every worker in turn
 (the order reversed every other repetition), and the table gives medians, so each ratio
 compares runs interleaved on the same machine at the same time.
 
@@ -25,6 +27,7 @@ import json
 import multiprocessing as mp
 import os
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 from benchmarks.common import markdown_table, median, write_results
@@ -37,10 +40,10 @@ PEER_JOBS = ("decode",)  # llama.cpp runs these too
 class PlaitWorker:
     """plait's Engine with `threads` threads, the fused decode step on or off."""
 
-    def __init__(self, threads: int, fused: bool) -> None:
+    def __init__(self, model: str, threads: int, kv_tokens: int, *, fused: bool) -> None:
         from plait.backend import Engine
 
-        self.engine = Engine(MODEL, num_threads=threads, kv_tokens=16384, fused_decode=fused)
+        self.engine = Engine(model, num_threads=threads, kv_tokens=kv_tokens, fused_decode=fused)
         status = self.engine.runtime.runner.fused_decode  # type: ignore[attr-defined]
         if fused and status != "on":
             raise RuntimeError(f"the fused decode step is {status}")
@@ -53,27 +56,36 @@ class PlaitWorker:
         return _timed(lambda: e.generate(input_ids=ids, sampling_params=params))
 
 
-def serve(kind: str, threads: int, conn: Connection) -> None:
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """What every worker loads: the model (a builtin name or a .gguf path) and plait's KV
+    pool."""
+
+    model: str
+    kv_tokens: int
+
+
+def serve(kind: str, threads: int, setup: Setup, conn: Connection) -> None:
     """A worker process: load once, then answer jobs until told to stop."""
     import torch
 
     torch.set_num_threads(threads)
     worker: Any
     if kind == "llama.cpp":
-        worker = LlamaCppWorker(threads)
+        worker = LlamaCppWorker(setup.model, threads, setup.kv_tokens)
     else:
-        worker = PlaitWorker(threads, fused=kind == "plait fused")
+        worker = PlaitWorker(setup.model, threads, setup.kv_tokens, fused=kind == "plait fused")
     conn.send("ready")
     while (job := conn.recv()) is not None:
         seconds, out = worker.run(job)
         conn.send((seconds, json.loads(json.dumps(out, default=str))))
 
 
-def jobs(tokens: int) -> list[Job]:
+def jobs(model: str, tokens: int) -> list[Job]:
     from plait.backend.model.builtin import resolve_model_path
     from plait.backend.text.tokenizer import load_tokenizer
 
-    tok = load_tokenizer(resolve_model_path(MODEL))
+    tok = load_tokenizer(resolve_model_path(model))
 
     def chat(text: str) -> list[int]:
         rendered = tok.apply_chat_template(
@@ -86,18 +98,20 @@ def jobs(tokens: int) -> list[Job]:
     return [Job("decode", tokens, prompt=story), Job("batch16", tokens, prompts=topics)]
 
 
-def start(kind: str, threads: int) -> Connection:
+def start(kind: str, threads: int, setup: Setup) -> Connection:
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
-    ctx.Process(target=serve, args=(kind, threads, child), daemon=True).start()
+    ctx.Process(target=serve, args=(kind, threads, setup, child), daemon=True).start()
     if parent.recv() != "ready":
         raise RuntimeError(f"{kind} worker did not start")
     return parent
 
 
-def measure(kinds: list[str], threads: list[int], reps: int, todo: list[Job]) -> dict[str, Any]:
+def measure(
+    kinds: list[str], threads: list[int], reps: int, todo: list[Job], setup: Setup
+) -> dict[str, Any]:
     """seconds[job][worker] over `reps` rotations."""
-    workers = {f"{k} T={t}": start(k, t) for t in threads for k in kinds}
+    workers = {f"{k} T={t}": start(k, t, setup) for t in threads for k in kinds}
     runs = {j.name: [w for w in workers if j.name in PEER_JOBS or "plait" in w] for j in todo}
     seconds: dict[str, dict[str, list[float]]] = {
         j.name: {w: [] for w in runs[j.name]} for j in todo
@@ -140,6 +154,8 @@ def main() -> None:
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--reps", type=int, default=None)
     parser.add_argument("--no-llama-cpp", action="store_true")
+    parser.add_argument("--model", default=MODEL, help="a builtin name or a .gguf path")
+    parser.add_argument("--kv-tokens", type=int, default=16384, help="plait's KV pool")
     args = parser.parse_args()
     from benchmarks.peers.llama_cpp_peer import unavailable_reason
 
@@ -151,10 +167,13 @@ def main() -> None:
     tokens = 16 if args.quick else 128
     reps = args.reps or (1 if args.quick else 5)
     load = os.getloadavg()
-    seconds = measure(kinds, threads, reps, jobs(tokens))
+    setup = Setup(args.model, args.kv_tokens)
+    seconds = measure(kinds, threads, reps, jobs(args.model, tokens), setup)
     text = report(seconds, kinds, threads, tokens)
     print(text if missing is None else f"{text}\n\nllama.cpp left out: {missing}")
-    write_results("decode_speed", {"seconds": seconds, "threads": threads, "reps": reps,
+    name = "decode_speed" if args.model == MODEL else f"decode_speed_{Path(args.model).stem}"
+    write_results(name, {"model": args.model, "kv_tokens": args.kv_tokens,
+                         "seconds": seconds, "threads": threads, "reps": reps,
                                    "load_avg_before": load, "load_avg_after": os.getloadavg(),
                                    "table": text, "quick": args.quick})  # fmt: skip
 

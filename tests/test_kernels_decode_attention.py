@@ -203,15 +203,21 @@ def test_shared_prefix_with_empty_suffixes_and_many_groups(cpu_path: str) -> Non
     [(8, 4, 64), (6, 3, 80), (16, 2, 128), (4, 1, 256), (9, 3, 48), (4, 2, 72), (2, 1, 272)],
 )  # on AVX-512, fp32 d in 16..256 by 16 takes the vector path (64 and 128 specialized, 48, 80
 # and 256 the general branch); 72 and 272 the scalar loops, as bf16 always does
-def test_native_matches_naive(dtype: torch.dtype, hq: int, hkv: int, d: int) -> None:
-    """The C kernel against float64 math over the same (rounded) pool, with its log-sum-exp."""
+@pytest.mark.parametrize("softcap", [None, 0.5])
+def test_native_matches_naive(
+    dtype: torch.dtype, hq: int, hkv: int, d: int, softcap: float | None
+) -> None:
+    """The C kernel against float64 math over the same (rounded) pool, with its log-sum-exp;
+    with a soft cap (Gemma 2: cap * tanh(score / cap), here about the scores' size)."""
     case = make_case([0, 1, 2, 63, 129, 777], hq, hkv, d, dtype, seed=hq * d)
     q, k_pool, v_pool, r2t, req_slots, seq = case
     # a table whose row stride is not its width; request 2 starts past its end (empty)
     r2t = torch.cat([r2t, torch.full((r2t.shape[0], 7), -1, dtype=torch.int32)], 1)[:, :-7]
     assert r2t.stride(0) != r2t.shape[1]
     start = torch.tensor([0, 0, 5, 10, 0, 700])
-    got = decode_native.native_decode(q, k_pool, v_pool, r2t, req_slots, seq, start, scale=0.1)
+    got = decode_native.native_decode(
+        q, k_pool, v_pool, r2t, req_slots, seq, start, scale=0.1, softcap=softcap
+    )
     assert got is not None
     out, lse = got
     for i in range(len(seq)):
@@ -225,6 +231,8 @@ def test_native_matches_naive(dtype: torch.dtype, hq: int, hkv: int, d: int) -> 
         k = k_pool[slots].double().repeat_interleave(group, dim=1)  # [n, hq, d]
         v = v_pool[slots].double().repeat_interleave(group, dim=1)
         scores = torch.einsum("hd,nhd->hn", q[i].double(), k) * 0.1
+        if softcap is not None:
+            scores = softcap * torch.tanh(scores / softcap)
         want = torch.einsum("hn,nhd->hd", torch.softmax(scores, -1), v)
         torch.testing.assert_close(out[i].double(), want, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(lse[i].double(), torch.logsumexp(scores, -1), atol=1e-5, rtol=0)
@@ -282,10 +290,10 @@ def test_native_split_over_threads_is_exact(threads: int) -> None:
 
 
 @pytest.mark.parametrize("window", [None, 7])
-def test_soft_cap_matches_naive_and_triton(window: int | None) -> None:
-    """The attention soft cap: the CPU path (the grouped torch path: the C kernel has no
-    cap) against the explicit math, the Triton kernel against it; the shared-prefix cascade
-    is not taken under a cap (its answer is the capped one)."""
+def test_soft_cap_matches_naive_and_triton(cpu_path: str, window: int | None) -> None:
+    """The attention soft cap: the CPU path (the C kernel, and the grouped torch path)
+    against the explicit math, the Triton kernel against it; the shared-prefix cascade is not
+    taken under a cap (its answer is the capped one)."""
     case = make_case([1, 5, 33, 70], 8, 2, 16, torch.float32, seed=5)
     out = paged_decode_attention(*case, scale=0.9, sliding_window=window, softcap=3.0)
     want = naive_decode(*case, scale=0.9, window=window, softcap=3.0)

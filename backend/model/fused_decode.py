@@ -7,10 +7,11 @@ it `applies` to (every token a decode query, the same pool) and the model's laye
 layers are all quantized (`QuantLinear`); the embedding (with its scale) and the LM head (with
 the logit scale and soft cap) stay the model's. `EngineConfig.fused_decode=False` turns it off.
 
-What the C step computes is stated once (`uncovered`): norms before attention and the MLP, SiLU,
-no q/k norms, one window and one RoPE table for every layer, no attention soft cap and
-unscaled residual branches. A model that needs anything else runs layer by layer, and the
-runner reports which feature (`ModelRunner.fused_decode`), never skipping one silently.
+What the C step does not compute is stated once (`uncovered`): today only mixture-of-experts
+layers; it takes every dense family's layers (`StepChoices` and `StepLayer` carry the norm
+layout, the activation, q/k norms, each layer's window and RoPE table, the attention scale and
+soft cap, the residual scale, biases). A model that needs anything else runs layer by layer,
+and the runner reports which feature (`ModelRunner.fused_decode`), never skipping one silently.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from plait.backend.model.forward_batch import ForwardBatch
 from plait.backend.model.layers import MLP, CausalLM, DecoderLayer
 from plait.backend.model.quantized import QuantLinear
 from plait.backend.parallel.comm import TPComm
-from plait.kernels._step_native import DecodeStep, StepLayer, step_available
+from plait.kernels._step_native import DecodeStep, StepChoices, StepLayer, step_available
 from plait.kernels.native_weight import NativeWeight
 
 
@@ -48,30 +49,20 @@ class FusedDecode:
         if reason:
             return reason
         cfg = model.cfg
-        layers = []
-        for i, layer in enumerate(_layers(model)):
-            qkv, o, gate_up, down = linears = _linears(layer)
-            layers.append(
-                StepLayer(
-                    qkv=cast(NativeWeight, qkv.qweight),
-                    o=cast(NativeWeight, o.qweight),
-                    gate_up=cast(NativeWeight, gate_up.qweight),
-                    down=cast(NativeWeight, down.qweight),
-                    biases=tuple(m.bias for m in linears),
-                    input_norm=layer.norm("input_layernorm").weight,
-                    post_norm=layer.norm("post_attention_layernorm").weight,
-                    k_pool=pool.k[i],
-                    v_pool=pool.v[i],
-                )
-            )
-        step = DecodeStep(
-            layers,
-            final_norm=model.norm.weight,
-            cos_sin=model.rope_tables[0],
+        choices = StepChoices(
             heads=cfg.num_heads,
             eps=cfg.rms_norm_eps,
             scale=cfg.scale,
-            window=cfg.window(0),
+            softcap=cfg.attn_softcap,
+            activation=cfg.activation,
+            qk_norm=cfg.qk_norm,
+            residual_scale=cfg.residual_scale,
+        )
+        layers = [_step_layer(model, layer, pool) for layer in _layers(model)]
+        step = DecodeStep(
+            layers,
+            final_norm=model.norm.weight,
+            choices=choices,
             reduce=None if comm is None else comm.reduce_callback(lambda: step.reduce_buffer()),
         )
         return cls(step, pool)
@@ -97,6 +88,35 @@ class FusedDecode:
             req_to_token=batch.req_to_token,
             logit_indices=batch.logit_indices,
         )
+
+
+def _step_layer(model: CausalLM, layer: DecoderLayer, pool: TokenToKVPool) -> StepLayer:
+    """A layer of `model` as the C step reads it: its projections, norms by place, q/k norms,
+    RoPE table and window, and its part of the pool."""
+    linears = _linears(layer)
+    attn = layer.self_attn
+    i = attn.layer
+    in_norm, attn_out_norm, mlp_norm, mlp_out_norm = (
+        None if n is None else n.weight for n in layer.placed_norms()
+    )
+    qk_norms = (attn.q_norm.weight, attn.k_norm.weight) if model.cfg.qk_norm else (None, None)
+    return StepLayer(
+        qkv=cast(NativeWeight, linears[0].qweight),
+        o=cast(NativeWeight, linears[1].qweight),
+        gate_up=cast(NativeWeight, linears[2].qweight),
+        down=cast(NativeWeight, linears[3].qweight),
+        biases=tuple(m.bias for m in linears),
+        in_norm=in_norm,
+        attn_out_norm=attn_out_norm,
+        mlp_norm=mlp_norm,
+        mlp_out_norm=mlp_out_norm,
+        q_norm=qk_norms[0],
+        k_norm=qk_norms[1],
+        cos_sin=model.rope_tables[attn.rope_index],
+        window=attn.window,
+        k_pool=pool.k[i],
+        v_pool=pool.v[i],
+    )
 
 
 def _layers(model: CausalLM) -> list[DecoderLayer]:
@@ -143,16 +163,8 @@ def _unsupported(model: CausalLM, pool: TokenToKVPool) -> str | None:
 
 def uncovered(cfg: ModelConfig) -> list[str]:
     """The features of `cfg`'s family the C decode step does not compute (empty: it covers
-    the model)."""
-    windows = {cfg.window(i) for i in range(cfg.num_layers)}
-    checks = {
-        f"{cfg.norm_layout} norms": cfg.norm_layout != "pre",
-        f"the {cfg.activation} activation": cfg.activation != "silu",
-        "q/k norms": cfg.qk_norm is not None,
-        "per-layer attention windows": len(windows) > 1,
-        "per-layer RoPE": len(cfg.ropes()) > 1,
-        "an attention soft cap": cfg.attn_softcap is not None,
-        "scaled residual branches": cfg.residual_scale != 1.0,
-        "mixture-of-experts layers": cfg.num_experts > 0,
-    }
+    the model). It computes every dense layer plait has (any norm layout, SiLU or tanh GELU,
+    q/k norms per head or whole, windows and RoPE tables per layer, the attention scale and
+    soft cap, scaled residual branches, biases); experts are left to the layers."""
+    checks = {"mixture-of-experts layers": cfg.num_experts > 0}
     return [feature for feature, missing in checks.items() if missing]

@@ -159,16 +159,18 @@ class MoE(nn.Module):
         return out
 
 
-# the norms of a layer by layout: (module name, what it normalizes)
-NORMS: Mapping[str, tuple[str, ...]] = {
-    "pre": ("input_layernorm", "post_attention_layernorm"),
+# A layer's norms by layout, by where each sits: (before attention, on attention's output,
+# before the MLP, on the MLP's output); None: no norm there (the branch reads the residual
+# stream itself, or its output joins it as it is).
+NORM_PLACES: Mapping[str, tuple[str | None, str | None, str | None, str | None]] = {
+    "pre": ("input_layernorm", None, "post_attention_layernorm", None),
     "sandwich": (
         "input_layernorm",
         "post_attention_layernorm",
         "pre_feedforward_layernorm",
         "post_feedforward_layernorm",
     ),
-    "post": ("post_attention_layernorm", "post_feedforward_layernorm"),
+    "post": (None, "post_attention_layernorm", None, "post_feedforward_layernorm"),
 }
 
 
@@ -177,8 +179,9 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.layout = cfg.norm_layout
         self.scale = cfg.residual_scale
-        for name in NORMS[cfg.norm_layout]:
-            self.add_module(name, RMSNorm(cfg.hidden_size, cfg.rms_norm_eps))
+        for name in NORM_PLACES[cfg.norm_layout]:
+            if name is not None:
+                self.add_module(name, RMSNorm(cfg.hidden_size, cfg.rms_norm_eps))
         self.self_attn = Attention(cfg, layer)
         self.mlp: nn.Module = MoE(cfg) if cfg.is_moe(layer) else MLP(cfg)
 
@@ -186,6 +189,11 @@ class DecoderLayer(nn.Module):
         module = self.get_submodule(name)
         assert isinstance(module, RMSNorm)
         return module
+
+    def placed_norms(self) -> tuple[RMSNorm | None, ...]:
+        """The layer's norms by where they sit (`NORM_PLACES`): before attention, on its
+        output, before the MLP, on its output (None where the layout has none)."""
+        return tuple(None if n is None else self.norm(n) for n in NORM_PLACES[self.layout])
 
     def forward(
         self,

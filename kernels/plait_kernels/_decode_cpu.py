@@ -33,9 +33,11 @@ def grouped_decode(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """fp32 attention of each query over its positions [start, seq); with ``with_lse`` also
     the log-sum-exp of the scores ([B, Hq], -inf where empty). The C kernel when ``native``
-    and it can run (it has no soft cap), else torch in length-sorted groups."""
-    if native and softcap is None:
-        got = native_decode(q, k_pool, v_pool, req_to_token, req_slots, seq, start, scale=scale)
+    and it can run, else torch in length-sorted groups."""
+    if native:
+        got = native_decode(
+            q, k_pool, v_pool, req_to_token, req_slots, seq, start, scale=scale, softcap=softcap
+        )
         if got is not None:
             return got[0], got[1] if with_lse else None
     b, hq, d = q.shape

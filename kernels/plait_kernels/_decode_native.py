@@ -26,11 +26,13 @@ def native_decode(
     start: torch.Tensor,
     *,
     scale: float,
+    softcap: float | None = None,
     threads: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """fp32 output [B, Hq, D] and log-sum-exp [B, Hq] from the C kernel
     ``csrc/decode_attention_cpu.c``, which reads the pool's rows in place; None when it cannot
-    run (no compiler, a pool dtype other than fp32/bf16, a non-contiguous pool). The requests
+    run (no compiler, a pool dtype other than fp32/bf16, a non-contiguous pool). With ``softcap``
+    c the scaled scores become ``c * tanh(score / c)`` before the softmax. The requests
     are split over ``threads`` threads (default: torch's intra-op thread count)."""
     name = _NATIVE_POOL_DTYPES.get(k_pool.dtype)
     b, hq, d = q.shape
@@ -74,6 +76,7 @@ def native_decode(
                 *(ctypes.c_int64(n) for n in (req_to_token.stride(0), k_pool.shape[0])),
                 *(ctypes.c_int64(n) for n in (hi - lo, hq, hkv, d, 0, hkv)),
                 ctypes.c_float(scale),
+                ctypes.c_float(softcap or 0.0),
                 _ptr(out[lo:hi]),
                 _ptr(lse[lo:hi]),
             )

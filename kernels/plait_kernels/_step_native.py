@@ -2,7 +2,7 @@
 decode-only batch in one call.
 
 :class:`DecodeStep` describes the model once (packed weights, norm weights, the KV pool, the
-cos/sin table and the addresses of the other C kernels it calls: ``plait_qmm_f32``,
+cos/sin tables and the addresses of the other C kernels it calls: ``plait_qmm_f32``,
 ``plait_decode_f32``, ``plait_pool_run``), validates every tensor the C code will read, and
 keeps them alive. :meth:`DecodeStep.run` then costs one ctypes call per step; the batch's
 indices are checked in C before anything is read or written.
@@ -23,7 +23,7 @@ from .quant import GENERIC_MAX_M
 
 _i64, _ptr, _f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
 _ERRORS = {
-    -10: "positions must lie in [0, {max_pos}) (rows of the cos/sin table)",
+    -10: "positions must lie in [0, {max_pos}) (rows of the cos/sin tables)",
     -11: "out_slots must lie in [0, {slots}) (the KV pool)",
     -12: "decode rows must lie in [0, {rows}) (rows of req_to_token)",
     -13: "decode seq_lens must lie in [0, {width}] (columns of req_to_token)",
@@ -38,14 +38,16 @@ _ERRORS = {
 class _Layer(ctypes.Structure):
     _fields_ = [(n, _ptr) for n in ("qkv", "o", "gate_up", "down")]
     _fields_ += [(f"{n}_bias", _ptr) for n in ("qkv", "o", "gate_up", "down")]
-    _fields_ += [(n, _ptr) for n in ("input_norm", "post_norm", "k_pool", "v_pool")]
+    _fields_ += [(n, _ptr) for n in ("in_norm", "attn_out_norm", "mlp_norm", "mlp_out_norm")]
+    _fields_ += [(n, _ptr) for n in ("q_norm", "k_norm", "cos_sin", "k_pool", "v_pool")]
+    _fields_ += [("window", _i64)]
 
 
 class _Model(ctypes.Structure):
     _fields_ = [(n, _i64) for n in ("num_layers", "hidden", "heads", "kv_heads", "head_dim")]
-    _fields_ += [(n, _i64) for n in ("inter", "num_slots", "max_pos", "window", "isa")]
-    _fields_ += [("eps", _f32), ("scale", _f32)]
-    _fields_ += [(n, _ptr) for n in ("cos_sin", "final_norm", "layers", "qmm", "attend", "pool")]
+    _fields_ += [(n, _i64) for n in ("inter", "num_slots", "max_pos", "isa", "act", "qk_whole")]
+    _fields_ += [(n, _f32) for n in ("eps", "scale", "softcap", "resid_scale")]
+    _fields_ += [(n, _ptr) for n in ("final_norm", "layers", "qmm", "attend", "pool")]
     _fields_ += [("reduce", _ptr), ("reduce_ctx", _ptr)]
 
 
@@ -62,19 +64,57 @@ class _Batch(ctypes.Structure):
     _fields_ += [(n, _ptr) for n in ("gu", "act")]
 
 
-@dataclass(frozen=True)
+# The MLP activations the C step computes, in the order of its ACT_* codes.
+ACTIVATIONS = ("silu", "gelu_tanh")
+# q/k norms: over each head's q and k ("head"), or over all of q and all of k ("full").
+QK_NORMS = ("head", "full")
+
+
+@dataclass(frozen=True, kw_only=True)
 class StepLayer:
-    """One decoder layer as the C step reads it (fp32 tensors on the CPU)."""
+    """One decoder layer as the C step reads it (fp32 tensors on the CPU). Each of the four
+    norms [hidden] is there or not as the family puts it: `in_norm` before attention and
+    `mlp_norm` before the MLP (None: the branch reads the residual stream itself),
+    `attn_out_norm` and `mlp_out_norm` on each branch's output before it joins the residual."""
 
     qkv: NativeWeight
     o: NativeWeight
     gate_up: NativeWeight
     down: NativeWeight
     biases: tuple[torch.Tensor | None, ...]  # of qkv, o, gate_up, down
-    input_norm: torch.Tensor
-    post_norm: torch.Tensor
+    in_norm: torch.Tensor | None
+    mlp_norm: torch.Tensor | None
+    attn_out_norm: torch.Tensor | None = None
+    mlp_out_norm: torch.Tensor | None = None
+    q_norm: torch.Tensor | None = None  # [head_dim] per head, or [q size] over all heads
+    k_norm: torch.Tensor | None = None
+    cos_sin: torch.Tensor  # [positions, head_dim]: this layer's RoPE table
+    window: int | None = None  # the last `window` positions (None: all)
     k_pool: torch.Tensor  # [slots, kv_heads, head_dim]
     v_pool: torch.Tensor
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepChoices:
+    """What every layer of the model computes alike: query heads, the norms' epsilon, the
+    attention scores' scale and soft cap (None: none), the MLP activation (`ACTIVATIONS`),
+    the q/k norms (`QK_NORMS`, None: none) and the residual branches' scale."""
+
+    heads: int
+    eps: float
+    scale: float
+    softcap: float | None = None
+    activation: str = "silu"
+    qk_norm: str | None = None
+    residual_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"decode step: activation must be one of {ACTIVATIONS}")
+        if self.qk_norm is not None and self.qk_norm not in QK_NORMS:
+            raise ValueError(f"decode step: qk_norm must be one of {QK_NORMS} or None")
+        if self.softcap is not None and not self.softcap > 0:
+            raise ValueError(f"decode step: softcap must be positive, got {self.softcap}")
 
 
 def _library() -> ctypes.CDLL | None:
@@ -112,7 +152,7 @@ def _check(name: str, t: torch.Tensor | None, shape: tuple[int, ...]) -> int:
 
 
 class DecodeStep:
-    """Every layer of a Llama-family decoder for a decode-only batch, in C (see the module
+    """Every layer of a dense decoder for a decode-only batch, in C (see the module
     docstring). Built once per model and KV pool; `run` per step. Raises ValueError at
     construction when a tensor is not what the C code reads (shape, dtype, contiguity)."""
 
@@ -121,11 +161,7 @@ class DecodeStep:
         layers: Sequence[StepLayer],
         *,
         final_norm: torch.Tensor,
-        cos_sin: torch.Tensor,
-        heads: int,
-        eps: float,
-        scale: float,
-        window: int | None = None,
+        choices: StepChoices,
         reduce: Callable[[int], int] | None = None,
     ) -> None:
         """`reduce(n)` (tensor parallelism): sum the first n floats of `reduce_buffer()` over
@@ -134,8 +170,8 @@ class DecodeStep:
         lib = _library()
         if lib is None:
             raise RuntimeError("decode step: the C kernels cannot be built here")
-        self._lib, self._layers = lib, tuple(layers)
-        first = self._layers[0]
+        self._lib, self._layers, self.choices = lib, tuple(layers), choices
+        first, heads = self._layers[0], choices.heads
         slots, kv_heads, head_dim = first.k_pool.shape
         hidden, inter = first.qkv.k, first.down.k
         if heads % kv_heads or head_dim % 2 or first.qkv.n != (heads + 2 * kv_heads) * head_dim:
@@ -143,13 +179,14 @@ class DecodeStep:
                 f"decode step: {heads} heads do not fit a pool of {kv_heads} x {head_dim}"
             )
         self.dims = (hidden, heads, kv_heads, head_dim, inter, int(slots))
+        self.max_pos = int(first.cos_sin.shape[0])
         self._structs = (_Layer * len(self._layers))(*map(self._layer, self._layers))
-        self._keep = (final_norm, cos_sin)
+        self._keep = final_norm
         self.model = _Model(
-            len(self._layers), hidden, heads, kv_heads, head_dim, inter, slots,
-            cos_sin.shape[0], window or 0, ISAS.index(native_isa() or "generic"), eps, scale,
-            _check("cos_sin", cos_sin, (cos_sin.shape[0], head_dim)),
-            _check("final_norm", final_norm, (hidden,)),
+            len(self._layers), hidden, heads, kv_heads, head_dim, inter, slots, self.max_pos,
+            ISAS.index(native_isa() or "generic"), ACTIVATIONS.index(choices.activation),
+            int(choices.qk_norm == "full"), choices.eps, choices.scale, choices.softcap or 0.0,
+            choices.residual_scale, _check("final_norm", final_norm, (hidden,)),
             ctypes.addressof(self._structs), _address("quant_matmul_cpu", "plait_qmm_f32"),
             _address("decode_attention_cpu", "plait_decode_f32"), pool_function() or 0,
         )  # fmt: skip
@@ -175,14 +212,29 @@ class DecodeStep:
                 raise ValueError(f"decode step: {name} must be a NativeWeight [{n}, {k}]")
         named = zip(shapes, layer.biases, strict=True)
         biases = [_check(f"{nm} bias", b, (shapes[nm][1],)) for nm, b in named]
+        norms = ("in_norm", "attn_out_norm", "mlp_norm", "mlp_out_norm")
         pool = (slots, kv_heads, head_dim)
         return _Layer(
             *(descriptor(w) for w, _, _ in shapes.values()),
             *biases,
-            _check("input_norm", layer.input_norm, (hidden,)),
-            _check("post_norm", layer.post_norm, (hidden,)),
+            *(_check(name, getattr(layer, name), (hidden,)) for name in norms),
+            *self._qk_norms(layer),
+            _check("cos_sin", layer.cos_sin, (self.max_pos, head_dim)),
             _check("k_pool", layer.k_pool, pool),
             _check("v_pool", layer.v_pool, pool),
+            layer.window or 0,
+        )
+
+    def _qk_norms(self, layer: StepLayer) -> tuple[int, int]:
+        """The addresses of a layer's q and k norm weights, checked against `choices`."""
+        _, heads, kv_heads, head_dim, _, _ = self.dims
+        kind = self.choices.qk_norm
+        if (layer.q_norm is None, layer.k_norm is None) != (kind is None, kind is None):
+            raise ValueError(f"decode step: q_norm and k_norm must be given with qk_norm={kind}")
+        whole = kind == "full"
+        return (
+            _check("q_norm", layer.q_norm, (heads * head_dim if whole else head_dim,)),
+            _check("k_norm", layer.k_norm, (kv_heads * head_dim if whole else head_dim,)),
         )
 
     def _reserve(self, tokens: int) -> None:
@@ -257,7 +309,7 @@ class DecodeStep:
         if status == -20:
             raise RuntimeError("decode step: " + _ERRORS[status])
         if status:
-            sizes = {"max_pos": self.model.max_pos, "slots": self.dims[5]}
+            sizes = {"max_pos": self.max_pos, "slots": self.dims[5]}
             sizes |= {"rows": table.shape[0], "width": table.shape[1], "tokens": t}
             raise ValueError("decode step: " + _ERRORS[status].format(**sizes))
         return self._x[:n]

@@ -3,7 +3,8 @@
  * Built at first use by plait.kernels._native and called through ctypes. Request b attends to
  * its positions [start[b], seq[b]), whose KV slots are table[rows[b] * table_stride + pos]; the
  * pool is [S, Hkv, D] (fp32 or bf16), query head h reads kv head h / (Hq / Hkv). Per request
- * the scores of each query head go to a scratch buffer, then the softmax, then the value sums.
+ * the scores of each query head go to a scratch buffer, then the soft cap where there is one
+ * (Gemma 2), the softmax, then the value sums.
  * On an x86-64 CPU with AVX-512, an fp32 pool with D in 16, 32, ..., 256 takes the vector path
  * (16 scores per transpose-and-add tree, outputs in registers: 2.3x the scalar loops at batch
  * 16 x 1,040 positions); elsewhere the scalar loops, which read each K row once for all query
@@ -30,10 +31,16 @@ PLAIT_INLINE float bf16_to_f32(uint16_t x) {
 
 PLAIT_INLINE float f32_to_f32(float x) { return x; }
 
-/* Softmax of each head's scores in place; writes the log-sum-exp per head. */
-PLAIT_INLINE void softmax_rows(float *scores, int64_t hq, int64_t span, float *lse_out) {
+/* Softmax of each head's scores in place (first capped: cap * tanh(s / cap), unless cap is 0);
+ * writes the log-sum-exp per head. */
+PLAIT_INLINE void softmax_rows(float *scores, int64_t hq, int64_t span, float cap,
+                               float *lse_out) {
     for (int64_t h = 0; h < hq; ++h) {
-        float *s = scores + h * span, top = s[0], sum = 0.0f;
+        float *s = scores + h * span, top, sum = 0.0f;
+        if (cap > 0.0f)
+#pragma omp simd
+            for (int64_t t = 0; t < span; ++t) s[t] = tanh_f32(s[t] / cap) * cap;
+        top = s[0];
         for (int64_t t = 1; t < span; ++t) top = s[t] > top ? s[t] : top;
 #pragma omp simd reduction(+ : sum)
         for (int64_t t = 0; t < span; ++t) {
@@ -184,11 +191,12 @@ VEC_INLINE void head_values(const float *p, const float *v, const int32_t *slots
 
 VEC_INLINE void vec_one_nc(const float *q, const float *k, const float *v, const int32_t *slots,
                            int64_t span, int64_t hq, int64_t hkv, int64_t h0, int64_t h1,
-                           float scale, float *scores, float *out, float *lse, int nc) {
+                           float scale, float cap, float *scores, float *out, float *lse,
+                           int nc) {
     int64_t d = nc * LANES, group = hq / hkv, row = hkv * d;
     for (int64_t h = h0; h < h1; ++h)
         head_scores(q + h * d, k, slots, span, row, h / group * d, nc, scale, scores + h * span);
-    softmax_rows(scores + h0 * span, h1 - h0, span, lse + h0);
+    softmax_rows(scores + h0 * span, h1 - h0, span, cap, lse + h0);
     for (int64_t h = h0; h < h1; ++h)
         head_values(scores + h * span, v, slots, span, row, h / group * d, nc, out + h * d);
 }
@@ -196,22 +204,25 @@ VEC_INLINE void vec_one_nc(const float *q, const float *k, const float *v, const
 /* The vector path, with the chunk count a constant in each branch (registers, unrolling). */
 VEC_TARGET static void vec_one(const float *q, const float *k, const float *v,
                                const int32_t *slots, int64_t span, int64_t hq, int64_t hkv,
-                               int64_t d, int64_t h0, int64_t h1, float scale, float *scores,
-                               float *out, float *lse) {
+                               int64_t d, int64_t h0, int64_t h1, float scale, float cap,
+                               float *scores, float *out, float *lse) {
     int nc = (int)(d / LANES);
+#define VEC_ONE(NC)                                                                            \
+    vec_one_nc(q, k, v, slots, span, hq, hkv, h0, h1, scale, cap, scores, out, lse, NC)
     switch (nc) {
-    case 4: vec_one_nc(q, k, v, slots, span, hq, hkv, h0, h1, scale, scores, out, lse, 4); break;
-    case 8: vec_one_nc(q, k, v, slots, span, hq, hkv, h0, h1, scale, scores, out, lse, 8); break;
-    default: vec_one_nc(q, k, v, slots, span, hq, hkv, h0, h1, scale, scores, out, lse, nc);
+    case 4: VEC_ONE(4); break;
+    case 8: VEC_ONE(8); break;
+    default: VEC_ONE(nc);
     }
+#undef VEC_ONE
 }
 
 #else
 static void vec_one(const float *q, const float *k, const float *v, const int32_t *slots,
                     int64_t span, int64_t hq, int64_t hkv, int64_t d, int64_t h0, int64_t h1,
-                    float scale, float *scores, float *out, float *lse) {
+                    float scale, float cap, float *scores, float *out, float *lse) {
     (void)q, (void)k, (void)v, (void)slots, (void)span, (void)hq, (void)hkv, (void)d;
-    (void)h0, (void)h1, (void)scale, (void)scores, (void)out, (void)lse;
+    (void)h0, (void)h1, (void)scale, (void)cap, (void)scores, (void)out, (void)lse;
 }
 #endif
 
@@ -220,8 +231,8 @@ static void vec_one(const float *q, const float *k, const float *v, const int32_
 #define DEFINE_DECODE(NAME, T, LOAD, VEC)                                                       \
     PLAIT_INLINE void NAME##_one(const float *q, const T *k, const T *v, const int32_t *slots, \
                                  int64_t span, int64_t hq, int64_t hkv, int64_t d, int64_t h0, \
-                                 int64_t h1, float scale, float *scores, float *out,           \
-                                 float *lse) {                                                 \
+                                 int64_t h1, float scale, float cap, float *scores,            \
+                                 float *out, float *lse) {                                     \
         int64_t group = hq / hkv, row = hkv * d, first = (h0 / group) * d;                     \
         int64_t bytes = (h1 - h0) / group * d * (int64_t)sizeof(T);                            \
         for (int64_t t = 0; t < span; ++t) {                                                   \
@@ -237,7 +248,7 @@ static void vec_one(const float *q, const float *k, const float *v, const int32_
                 scores[h * span + t] = acc * scale;                                            \
             }                                                                                  \
         }                                                                                      \
-        softmax_rows(scores + h0 * span, h1 - h0, span, lse + h0);                             \
+        softmax_rows(scores + h0 * span, h1 - h0, span, cap, lse + h0);                        \
         memset(out + h0 * d, 0, sizeof(float) * (size_t)((h1 - h0) * d));                     \
         for (int64_t t = 0; t < span; ++t) {                                                   \
             if (t + PREFETCH_AHEAD < span)                                                     \
@@ -255,7 +266,7 @@ static void vec_one(const float *q, const float *k, const float *v, const int32_
                           const int64_t *rows, const int64_t *start, const int64_t *seq,       \
                           int64_t table_stride, int64_t num_slots, int64_t batch, int64_t hq,  \
                           int64_t hkv, int64_t d, int64_t kv_lo, int64_t kv_hi, float scale,   \
-                          float *out, float *lse) {                                            \
+                          float softcap, float *out, float *lse) {                             \
         int64_t max_span = 1, h0 = kv_lo * (hq / hkv), h1 = kv_hi * (hq / hkv);                \
         if (kv_lo < 0 || kv_hi > hkv || kv_lo >= kv_hi) return -3;                             \
         for (int64_t b = 0; b < batch; ++b)                                                    \
@@ -279,10 +290,10 @@ static void vec_one(const float *q, const float *k, const float *v, const int32_
                 }                                                                              \
             if (vec)                                                                           \
                 vec_one((const float *)q + b * hq * d, (const float *)k, (const float *)v, slots, \
-                        span, hq, hkv, d, h0, h1, scale, scores, ob, lb);                      \
+                        span, hq, hkv, d, h0, h1, scale, softcap, scores, ob, lb);             \
             else                                                                               \
                 NAME##_one(q + b * hq * d, k, v, slots, span, hq, hkv, d, h0, h1, scale,       \
-                           scores, ob, lb);                                                    \
+                           softcap, scores, ob, lb);                                           \
         }                                                                                      \
         return 0;                                                                              \
     }

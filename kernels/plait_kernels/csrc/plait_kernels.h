@@ -55,13 +55,14 @@ enum { QMM_SF16 = 0, QMM_SF32 = 1, QMM_SK = 2 };
 typedef int (*plait_qmm_fn)(int isa, int threads, plait_pool_fn pool, const float *x, int64_t ldx,
                             int64_t m, const plait_weight_t *w, const float *bias, float *out);
 
-/* ---- decode_attention_cpu.c: plait_decode_f32, kv heads [kv_lo, kv_hi) of each request ---- */
+/* ---- decode_attention_cpu.c: plait_decode_f32, kv heads [kv_lo, kv_hi) of each request ----
+ * scores are scale * q.k, then softcap * tanh(score / softcap) unless softcap is 0. */
 typedef int (*plait_decode_f32_fn)(const float *q, const float *k, const float *v,
                                    const int32_t *table, const int64_t *rows, const int64_t *start,
                                    const int64_t *seq, int64_t table_stride, int64_t num_slots,
                                    int64_t batch, int64_t hq, int64_t hkv, int64_t d,
-                                   int64_t kv_lo, int64_t kv_hi, float scale, float *out,
-                                   float *lse);
+                                   int64_t kv_lo, int64_t kv_hi, float scale, float softcap,
+                                   float *out, float *lse);
 
 /* exp(x) for x <= 0 in float: 2^n * e^r with |r| <= ln2/2, degree-7 Taylor (within 1e-7
  * relative, an ulp of expf); branch-free so loops over it vectorize (AVX2 and up, with
@@ -82,6 +83,17 @@ PLAIT_INLINE float exp_nonpos(float x) {
     float scale;
     memcpy(&scale, &bits, sizeof scale);
     return p * scale;
+}
+
+/* tanh(x) in float, branch-free (loops over it vectorize): an odd Taylor polynomial to x^7
+ * for |x| < 0.125 (the next term is 2e-9 of x there), else (1 - e) / (1 + e) with
+ * e = exp(-2|x|) (within a few 1e-8 absolute), the sign restored. */
+PLAIT_INLINE float tanh_f32(float x) {
+    float a = fabsf(x), x2 = x * x;
+    float small = x * (1.0f + x2 * (-1.0f / 3.0f + x2 * (2.0f / 15.0f + x2 * (-17.0f / 315.0f))));
+    float e = exp_nonpos(-2.0f * a), big = (1.0f - e) / (1.0f + e);
+    big = x < 0.0f ? -big : big;
+    return a < 0.125f ? small : big;
 }
 
 #endif
