@@ -13,6 +13,11 @@ from plait.backend.text.reasoning import REASONING_FORMATS
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
 MAX_DEFAULT_THREADS = 8
+# The share of a device's memory the KV pool may take when neither `kv_tokens` nor
+# `kv_memory_mib` is given: of the GPU's free memory, or of the CPU's available RAM (a CPU
+# machine runs other programs; the pool is allocated lazily, so its pages become resident as
+# the cache fills).
+DEFAULT_MEM_FRACTION = {"cuda": 0.8, "cpu": 0.25}
 MAX_DRAFT_TOKENS = 32  # a small model's decode step stops scaling well before this
 
 
@@ -39,8 +44,10 @@ class EngineConfig:
 
     `quantization`: "auto" keeps a GGUF file's quantized weights packed (weight-only
     quantized matmuls), "none" de-quantizes them to `dtype`, "int8"/"int4" quantize a float
-    checkpoint's linear layers at load. `kv_tokens=None` sizes the KV pool from
-    `mem_fraction` of free device memory (capped at `max_kv_tokens_cpu` on CPU).
+    checkpoint's linear layers at load. The KV pool holds `kv_tokens` tokens, else as many as
+    `kv_memory_mib` MiB hold, else `mem_fraction` (default `DEFAULT_MEM_FRACTION`) of the
+    GPU's free memory or the CPU's available RAM, capped at `max_kv_tokens_cpu` on CPU; the
+    startup log states the size and where it came from.
     `chunked_prefill_size=0` disables chunked prefill. `profile_dir`: the only directory
     profiles are written under (None: $PLAIT_PROFILE_DIR, or profiling is off).
     `num_threads`: CPU threads for torch and the C kernels (0: `default_threads()`, the
@@ -66,7 +73,8 @@ class EngineConfig:
     dtype: str = "auto"
     device: str = "auto"
     kv_tokens: int | None = None
-    mem_fraction: float = 0.8
+    kv_memory_mib: int | None = None
+    mem_fraction: float | None = None
     max_kv_tokens_cpu: int = 131072
     page_size: int = 1
     max_running_requests: int = 256
@@ -111,6 +119,10 @@ class EngineConfig:
             raise ValueError("chunked_prefill_size must be >= 0, max_prefill_tokens >= 1")
         if self.kv_tokens is not None and self.kv_tokens < self.page_size:
             raise ValueError("kv_tokens must hold at least one page")
+        if self.kv_memory_mib is not None and self.kv_memory_mib < 1:
+            raise ValueError("kv_memory_mib must be >= 1")
+        if self.mem_fraction is not None and not 0 < self.mem_fraction <= 1:
+            raise ValueError("mem_fraction must be in (0, 1]")
         if self.num_threads < 0:
             raise ValueError("num_threads must be >= 0 (0: one per available core)")
         if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_FORMATS:
@@ -121,6 +133,13 @@ class EngineConfig:
             raise ValueError("speculative_ngram must be >= 1")
         if self.num_threads == 0:
             object.__setattr__(self, "num_threads", default_threads())
+
+    def memory_fraction(self, device_type: str) -> float:
+        """The share of the device's memory the KV pool may take (`mem_fraction`, else the
+        device's default)."""
+        if self.mem_fraction is not None:
+            return self.mem_fraction
+        return DEFAULT_MEM_FRACTION["cuda" if device_type == "cuda" else "cpu"]
 
     def _check_parallel(self) -> None:
         if self.tp < 1 or self.nnodes < 1 or self.tp % self.nnodes:

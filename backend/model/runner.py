@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from plait.backend.parallel.shard import inter_align, shard_model
 from plait.backend.parallel.wire import send_batch, send_stop
 
 REQ_ROWS_HEADROOM = 8
+log = logging.getLogger("plait.runner")
 
 
 class ModelRunner:
@@ -154,12 +156,25 @@ class ModelRunner:
         return int(self.parallel.comm.broadcast_object(mine))  # type: ignore[call-overload]
 
     def _kv_tokens(self) -> int:
+        """The pool's size in tokens, logged with what decided it."""
         cfg, conf = self.model.cfg, self.config
-        if conf.kv_tokens is not None:
-            return conf.kv_tokens
         per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * self.dtype.itemsize
-        if self.device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(self.device)
-            return max(conf.page_size, int(free * conf.mem_fraction) // per_token)
-        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        return max(conf.page_size, min(conf.max_kv_tokens_cpu, int(avail * 0.25) // per_token))
+        if conf.kv_tokens is not None:
+            tokens, why = conf.kv_tokens, "kv_tokens"
+        elif conf.kv_memory_mib is not None:
+            tokens, why = conf.kv_memory_mib * 2**20 // per_token, "kv_memory_mib"
+        else:
+            fraction = conf.memory_fraction(self.device.type)
+            if self.device.type == "cuda":
+                free, _ = torch.cuda.mem_get_info(self.device)
+                tokens, why = int(free * fraction) // per_token, f"{fraction} of free GPU memory"
+            else:
+                avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+                tokens = min(conf.max_kv_tokens_cpu, int(avail * fraction) // per_token)
+                why = f"{fraction} of available RAM, at most {conf.max_kv_tokens_cpu} tokens"
+        tokens = max(conf.page_size, tokens)
+        log.info(
+            "KV pool: %d tokens x %.1f KiB = %.1f MiB (%s, %s)",
+            tokens, per_token / 1024, tokens * per_token / 2**20, self.dtype, why,
+        )  # fmt: skip
+        return tokens

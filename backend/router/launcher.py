@@ -64,8 +64,10 @@ class WorkerProcesses:
     def start(self) -> None:
         devices = _device_plan(self.args.engine, self.dp)
         engine = self.args.engine
-        if devices is None and engine.kv_tokens is None and _uses_cuda(engine):
-            engine = dataclasses.replace(engine, mem_fraction=engine.mem_fraction / self.dp)
+        sized = engine.kv_tokens is not None or engine.kv_memory_mib is not None
+        if devices is None and not sized:  # the workers share one device's memory
+            share = engine.memory_fraction("cuda" if _uses_cuda(engine) else "cpu") / self.dp
+            engine = dataclasses.replace(engine, mem_fraction=share)
         if not _uses_cuda(engine):  # --num-threads is the machine's total: the workers share it
             engine = dataclasses.replace(engine, num_threads=max(1, engine.num_threads // self.dp))
         for i, port in enumerate(self.ports):

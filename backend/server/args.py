@@ -26,7 +26,12 @@ HELP = {
         "a builtin name (plait-tiny, plait-small, smollm2-135m, gemma3-270m), a local Hugging "
         "Face model directory, or a .gguf file"
     ),
-    "kv_tokens": "KV-cache pool size in tokens (default: sized from free memory)",
+    "kv_tokens": "KV-cache pool size in tokens (default: from --kv-memory-mib or --mem-fraction)",
+    "kv_memory_mib": "KV-cache pool size in MiB (default: from --mem-fraction)",
+    "mem_fraction": (
+        "share of the GPU's free memory (default 0.8) or the CPU's available RAM (0.25) the "
+        "KV-cache pool may take"
+    ),
     "max_running_requests": "most requests decoded together",
     "chunked_prefill_size": "prompt tokens per prefill chunk (0: no chunking)",
     "profile_dir": (
