@@ -1,6 +1,7 @@
 """The `plait` command line: `plait serve --model plait-tiny --port 30000 ...`,
-`plait serve --dp 2 ...` (two workers behind a router), `plait serve --tp 2 ...` (tensor
-parallelism; `--node-rank K` on the other machines), `plait router --worker URL ...`."""
+`plait serve --dp 2 ...` (two workers behind a router: plait's, or SGLang's Model Gateway
+with `--router sglang`), `plait serve --tp 2 ...` (tensor parallelism; `--node-rank K` on
+the other machines), `plait router --worker URL ...`."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import logging
 import os
 import sys
 
-from plait.backend.router.launcher import serve_dp
+from plait.backend.router.gateway import METRICS_PORT
+from plait.backend.router.launcher import ROUTERS, serve_dp
 from plait.backend.router.server import (
     add_policy_arguments,
     add_router_arguments,
@@ -33,6 +35,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--dp", type=int, default=1, metavar="N",
         help="data parallelism: N workers on this machine behind a router (default 1)",
     )  # fmt: skip
+    serve.add_argument(
+        "--router", choices=ROUTERS, default="plait",
+        help="the router of --dp: plait's (default) or sglang, SGLang's Model Gateway "
+        "(pip install sglang-router)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--gateway-metrics-port", type=int, default=METRICS_PORT, metavar="PORT",
+        help=f"--router sglang: the gateway's Prometheus port on --host (default {METRICS_PORT})",
+    )  # fmt: skip
     add_policy_arguments(serve)
     router = commands.add_parser(
         "router",
@@ -49,8 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     ns = parser.parse_args(argv)
     if ns.command == "serve" and ns.dp < 1:
         parser.error("--dp must be >= 1")
+    if ns.command == "serve" and ns.router != "plait" and ns.dp < 2:
+        parser.error(f"--router {ns.router} routes between --dp workers: give --dp N > 1")
     if ns.command == "serve" and ns.dp > 1:
-        exit_now(serve_dp(args_from_namespace(ns), ns.dp, **policy_options(ns)))
+        gateway = {"router": ns.router, "gateway_metrics_port": ns.gateway_metrics_port}
+        exit_now(serve_dp(args_from_namespace(ns), ns.dp, **gateway, **policy_options(ns)))
     if ns.command == "serve" and ns.node_rank > 0:  # another machine's tensor-parallel ranks
         from plait.backend.parallel.launch import run_node  # lazy: loads torch
 

@@ -1,21 +1,29 @@
 """The router's parts without servers: prefix trees, routing texts, the policies, sessions,
-metrics merging, worker flags; and the session key the frontend sends."""
+metrics merging, worker flags, SGLang's Model Gateway's flags; and the session key the
+frontend sends."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import random
+import re
 import subprocess
+import sys
+import types
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import plait
 from plait.backend.config import EngineConfig
+from plait.backend.router import gateway
 from plait.backend.router.config import RouterConfig, normalize_url
-from plait.backend.router.launcher import WorkerProcesses, worker_command
+from plait.backend.router.gateway import failover_flags, gateway_flags
+from plait.backend.router.launcher import WorkerProcesses, serve_dp, worker_command
 from plait.backend.router.metrics import labelled, merge_worker_metrics, router_lines
 from plait.backend.router.policy import Routing
 from plait.backend.router.prefix_tree import PrefixTree
@@ -24,6 +32,7 @@ from plait.backend.router.workers import WorkerPool
 from plait.backend.server.args import ServerArgs, ServerSettings
 from plait.backend.server.auth import AccessKeys, read_keys
 from plait.chat_template import CHATML, ChatTemplate
+from plait.cli import main as cli_main
 from plait.clients.base import Backend, ChoiceLogprobs, GenOutput, OnText
 from plait.clients.session import SESSION_HEADER, current_session, session_headers
 
@@ -236,6 +245,91 @@ def test_worker_key_files_hold_the_keys_and_only_the_user_reads_them() -> None:
     assert os.stat(flags[1]).st_mode & 0o777 == 0o600
     procs.stop()
     assert procs.key_dir is not None and not os.path.exists(procs.key_dir)
+
+
+# --- SGLang's Model Gateway as the router of --dp -------------------------------------
+def pairs(flags: list[str]) -> dict[str, str]:
+    """{flag: its value} of the flags that take one value."""
+    return {f: v for f, v in zip(flags, flags[1:], strict=False) if f.startswith("--")
+            and not v.startswith("--")}  # fmt: skip
+
+
+def test_gateway_flags_carry_the_router_flags_and_never_the_key() -> None:
+    config = RouterConfig(
+        workers=(A, B), host="0.0.0.0", port=8000, policy="round_robin", cache_threshold=0.25,
+        balance_abs_threshold=7, balance_rel_threshold=2.5, max_tree_chars=1000,
+        health_interval_s=0.2, log_level="warning", api_keys=("k1", "k2"),
+    )  # fmt: skip
+    flags = gateway_flags(config, metrics_port=9100)
+    assert flags[flags.index("--worker-urls") + 1 :][:2] == [A, B]
+    assert pairs(flags) | {"--worker-urls": ""} == {
+        "--host": "0.0.0.0", "--port": "8000", "--worker-urls": "", "--policy": "round_robin",
+        "--cache-threshold": "0.25", "--balance-abs-threshold": "7",
+        "--balance-rel-threshold": "2.5", "--max-tree-size": "1000",
+        "--prometheus-host": "0.0.0.0", "--prometheus-port": "9100", "--log-level": "warn",
+        "--shutdown-grace-period-secs": "3", "--health-check-interval-secs": "1",
+        "--health-check-timeout-secs": "2", "--health-failure-threshold": "2",
+        "--health-success-threshold": "1", "--retry-max-retries": "9",
+        "--retry-initial-backoff-ms": "100", "--retry-max-backoff-ms": "1000",
+        "--retry-backoff-multiplier": "2", "--retry-jitter-factor": "0.2",
+    }  # fmt: skip
+    assert "--disable-circuit-breaker" in flags and not {"k1", "k2"} & set(flags)
+
+
+def backoffs(attempts: int) -> list[float]:
+    """The gateway's waits between `attempts` attempts: 0.1 s doubling, at most 1 s."""
+    return [min(1.0, 0.1 * 2**k) for k in range(attempts - 1)]
+
+
+@pytest.mark.parametrize("interval_s", [0.2, 1, 1.5, 3, 10])
+def test_retries_outlast_the_health_checks_with_the_fewest_attempts(interval_s: float) -> None:
+    config = RouterConfig(workers=(A,), health_interval_s=interval_s)
+    flags = pairs(failover_flags(config))
+    interval = int(flags["--health-check-interval-secs"])
+    assert interval == max(1, math.ceil(interval_s))
+    span = (config.health_failures + 1) * interval + 1  # the checks, one interval, a second
+    n = int(flags["--retry-max-retries"])
+    assert sum(backoffs(n)) * 0.8 >= span > sum(backoffs(n - 1)) * 0.8
+
+
+def test_the_documented_gateway_command_uses_the_failover_flags() -> None:
+    """docs/scale.md's command for workers behind the gateway by hand has the failover flags
+    `plait serve --dp N --router sglang` gives it (at plait's default health interval)."""
+    text = (Path(__file__).resolve().parents[1] / "docs/scale.md").read_text()
+    block = re.search(r"python -m sglang_router\.launch_router (.*?)\n\n", text, re.S)
+    assert block is not None
+    documented = block.group(1).replace("\\\n", " ").split()
+    expected = failover_flags(RouterConfig(workers=(A,)))
+    assert {f: pairs(documented).get(f) for f in pairs(expected)} == pairs(expected)
+    assert "--disable-circuit-breaker" in documented
+
+
+def test_the_gateway_gets_its_key_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    launched: list[list[str]] = []
+    fake = types.ModuleType("sglang_router.launch_router")
+    fake.parse_router_args = list  # type: ignore[attr-defined]
+    fake.launch_router = launched.append  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "sglang_router.launch_router", fake)
+    monkeypatch.setenv(gateway.KEY_ENV, "s3cret")
+    gateway.main(["--port", "1"])
+    assert launched == [["--port", "1", "--api-key", "s3cret"]]
+    assert gateway.KEY_ENV not in os.environ  # not passed on to anything it starts
+    gateway.main(["--port", "1"])
+    assert launched[1] == ["--port", "1"]
+
+
+def test_router_sglang_without_the_package_fails_before_starting_workers(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(gateway.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(RuntimeError, match="pip install sglang-router"):
+        gateway.require_gateway()
+    assert serve_dp(ServerArgs(), 2, router="sglang") == 1
+    assert "pip install sglang-router" in caplog.text and "worker 0" not in caplog.text
+    assert serve_dp(ServerArgs(), 2, router="nginx") == 1
+    assert "--router must be one of ('plait', 'sglang')" in caplog.text
+    with pytest.raises(SystemExit):  # a parser error: --router routes between --dp workers
+        cli_main(["serve", "--router", "sglang"])
 
 
 # --- the frontend's session key -------------------------------------------------------

@@ -63,11 +63,12 @@ def models_listed(url: str) -> bool:
 def gateway(workers: list[Runtime]) -> Iterator[str]:
     """The gateway, started as its docs say (it names the model by the workers'
     `served_model_name` and loads the tokenizer from their `model_path`, a local
-    directory here, so it never looks for one online)."""
+    directory here, so it never looks for one online), its Prometheus exporter on a free
+    loopback port (on a taken one, 29000 by default, it exits at start)."""
     port = free_port()
     command = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
-               "--port", str(port), "--policy", "cache_aware",
-               "--log-level", "warn",
+               "--port", str(port), "--policy", "cache_aware", "--log-level", "warn",
+               "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
                "--worker-urls", *(rt.url for rt in workers)]  # fmt: skip
     proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"

@@ -1,10 +1,12 @@
 """/generate takes every field of SGLang's `GenerateReqInput` (sglang 0.5.23): each at its
 default answers exactly as without it; hostile values are 400s naming the field; the roles
-in docs/server.md are the ones the code declares; the info endpoints give the served name."""
+in docs/server.md are the ones the code declares; the info endpoints give the served name;
+what `sglang.bench_serving --backend sglang` sends and reads, replayed."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import re
 from pathlib import Path
@@ -128,3 +130,56 @@ def test_info_endpoints_give_the_served_name(url: str) -> None:
         assert server["model_path"] == server["tokenizer_path"] == info["tokenizer_path"]
     card = httpx.get(url + "/v1/models", timeout=30).json()["data"][0]
     assert (card["id"], card["root"]) == (MODEL, MODEL)
+
+
+# --- sglang.bench_serving --backend sglang, replayed ---------------------------------------
+def bench_serving_body(prompt: str | list[int], output_len: int) -> dict[str, Any]:
+    """The body `sglang.bench_serving --backend sglang` posts to /generate at its defaults
+    (sglang 0.5.23, `async_request_sglang_generate`): `text` or `input_ids`, greedy,
+    `ignore_eos`, streamed, and four fields it always sends."""
+    return {
+        ("text" if isinstance(prompt, str) else "input_ids"): prompt,
+        "sampling_params": {"temperature": 0.0, "max_new_tokens": output_len, "ignore_eos": True},
+        "stream": True, "lora_path": None, "return_logprob": False,
+        "return_routed_experts": False, "logprob_start_len": -1,
+    }  # fmt: skip
+
+
+def read_as_bench_serving(url: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The stream parsed line by line as its client does: blank lines skipped, `data: `
+    stripped, `[DONE]` passed over, every other line a JSON object."""
+    chunks = []
+    with httpx.stream("POST", url + "/generate", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        lines = [line.strip() for line in r.iter_lines() if line.strip()]
+    assert lines[-1] == "data: [DONE]"
+    for line in lines[:-1]:
+        chunks.append(json.loads(line.removeprefix("data: ")))
+    return chunks
+
+
+def test_what_bench_serving_sends_and_reads(url: str) -> None:
+    """Its calls in order: /v1/models (the model id), /model_info (the tokenizer), a warm-up
+    request (at most 32 tokens), /flush_cache?timeout=, the measured requests (a text and
+    token ids), /server_info; from each stream it reads the cumulative `text`,
+    `meta_info.completion_tokens` (the output length), `meta_info.prompt_tokens` and
+    `meta_info.cached_tokens` (`--cache-report`)."""
+    assert httpx.get(url + "/v1/models", timeout=30).json()["data"][0]["id"] == MODEL
+    assert Path(httpx.get(url + "/model_info", timeout=30).json()["tokenizer_path"]).is_dir()
+    warm = read_as_bench_serving(url, bench_serving_body("Warm up with this prompt", 32))
+    assert warm[-1]["meta_info"]["completion_tokens"] == 32
+    flushed = httpx.post(url + "/flush_cache", params={"timeout": 300.0}, timeout=60)
+    assert flushed.status_code == 200, flushed.text
+    ids = [100 + 7 * i for i in range(40)]
+    for prompt, prompt_len in (("Tell me a story about a lighthouse", None), (ids, 40)):
+        chunks = read_as_bench_serving(url, bench_serving_body(prompt, 24))
+        texts = [c["text"] for c in chunks if c.get("text")]
+        assert all(later.startswith(earlier) for earlier, later in itertools.pairwise(texts))
+        counts = [c["meta_info"]["completion_tokens"] for c in chunks]
+        assert counts == sorted(counts) and counts[-1] == 24
+        meta = chunks[-1]["meta_info"]
+        assert meta["prompt_tokens"] == prompt_len if prompt_len else meta["prompt_tokens"] > 0
+        assert 0 <= meta["cached_tokens"] < meta["prompt_tokens"]
+        whole = generate(url, {**bench_serving_body(prompt, 24), "stream": False}).json()
+        assert whole["text"] == texts[-1] and whole["meta_info"]["completion_tokens"] == 24
+    assert httpx.get(url + "/server_info", timeout=30).status_code == 200

@@ -3,17 +3,20 @@
     launcher process (this one): the router (uvicorn) on --host/--port
         ├── worker 0: plait serve on 127.0.0.1:<free port>, its own process group
         │     └── scheduler, detokenizer
-        └── worker 1: ...
+        ├── worker 1: ...
+        └── with --router sglang, SGLang's Model Gateway on --host/--port instead of the
+            router (gateway.py), its own process group, started once the workers answer
 
 Workers start together, each on its own GPU when there are N (CUDA_VISIBLE_DEVICES), else
 sharing the device (each sizes its KV pool from 1/N of `--mem-fraction`); on the CPU each
 gets 1/N of `--num-threads` (at least one). The router starts
 once every worker answers /health. A worker that exits is taken out of rotation (its process
 group killed, so nothing of it is left) and the others go on serving; when none is left the
-launcher exits 1. SIGTERM or Ctrl-C: the workers are told to stop first (SIGTERM: their
-requests in flight end with "the server is shutting down", passed through the router), then
-the router stops, then anything left of a worker is killed; exit 0. The workers die with the
-launcher even if it is killed (PR_SET_PDEATHSIG).
+launcher exits 1 (as when the gateway exits; a dead worker is left to the gateway's health
+checks). SIGTERM or Ctrl-C: the workers are told to stop first (SIGTERM: their requests in
+flight end with "the server is shutting down", passed through the router), then the router
+stops, then anything left of a worker is killed; exit 0. The workers and the gateway die
+with the launcher even if it is killed (PR_SET_PDEATHSIG).
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ import uvicorn
 from plait.backend.config import EngineConfig
 from plait.backend.host import die_with_parent
 from plait.backend.router.config import RouterConfig
+from plait.backend.router.gateway import METRICS_PORT as GATEWAY_METRICS_PORT
+from plait.backend.router.gateway import GatewayProcess, require_gateway
 from plait.backend.router.server import Terminated, make_server, raise_terminated
 from plait.backend.router.workers import WorkerPool
 from plait.backend.server.args import ServerArgs, settings_flags
@@ -46,6 +51,7 @@ from plait.backend.server.args import ServerArgs, settings_flags
 START_TIMEOUT_S = 600.0
 STOP_TIMEOUT_S = 15.0
 POLL_S = 0.2
+ROUTERS = ("plait", "sglang")  # plait's router, or SGLang's Model Gateway (gateway.py)
 
 log = logging.getLogger("plait.router")
 
@@ -59,6 +65,7 @@ class WorkerProcesses:
         self.urls = [f"http://127.0.0.1:{port}" for port in self.ports]
         self.procs: list[subprocess.Popen[bytes]] = []
         self.exited: set[int] = set()
+        self.told_to_stop: set[int] = set()  # pids
         self.key_dir: str | None = None
 
     def start(self) -> None:
@@ -116,23 +123,36 @@ class WorkerProcesses:
                     raise TimeoutError(f"workers {sorted(waiting)} not healthy after {timeout}s")
                 time.sleep(POLL_S)
 
+    def reap(self) -> list[str]:
+        """The URLs of the workers whose process exited since the last call (what is left
+        of each one's process group is killed)."""
+        gone = []
+        for i, proc in enumerate(self.procs):
+            if i not in self.exited and proc.poll() is not None:
+                self.exited.add(i)
+                log.error("worker %d (pid %d) exited with code %s", i, proc.pid, proc.poll())
+                _kill_group(proc.pid)
+                gone.append(self.urls[i])
+        return gone
+
+    def all_exited(self) -> bool:
+        return len(self.exited) == self.dp
+
     async def watch(self, pool: WorkerPool, on_all_exited: Callable[[], None]) -> None:
-        """Take a worker whose process exited out of rotation (and clean up its group)."""
-        while len(self.exited) < self.dp:
-            for i, proc in enumerate(self.procs):
-                if i not in self.exited and proc.poll() is not None:
-                    self.exited.add(i)
-                    log.error("worker %d (pid %d) exited with code %s", i, proc.pid, proc.poll())
-                    _kill_group(proc.pid)
-                    pool.mark_dead(self.urls[i])
+        """Take a worker whose process exited out of the router's rotation."""
+        while not self.all_exited():
+            for url in self.reap():
+                pool.mark_dead(url)
             await asyncio.sleep(POLL_S)
         log.error("every worker exited: shutting down")
         on_all_exited()
 
     def terminate(self) -> None:
-        """Ask every running worker to stop (SIGTERM to its main process)."""
+        """Ask every running worker to stop (SIGTERM to its main process, once: a second one
+        would cut its shutdown short)."""
         for proc in self.procs:
-            if proc.poll() is None:
+            if proc.poll() is None and proc.pid not in self.told_to_stop:
+                self.told_to_stop.add(proc.pid)
                 with contextlib.suppress(ProcessLookupError):
                     proc.send_signal(signal.SIGTERM)
 
@@ -163,16 +183,32 @@ class DataParallelServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def serve_dp(args: ServerArgs, dp: int, **policy: Any) -> int:
-    """Run N workers and the router until SIGTERM/Ctrl-C (0) or every worker's exit (1)."""
+def serve_dp(
+    args: ServerArgs, dp: int, *, router: str = "plait",
+    gateway_metrics_port: int = GATEWAY_METRICS_PORT, **policy: Any,
+) -> int:  # fmt: skip
+    """Run N workers and the router (`router`: one of ROUTERS) until SIGTERM/Ctrl-C (0), or
+    until every worker or the gateway exits (1)."""
     logging.basicConfig(level=args.log_level.upper(), format="[plait] %(levelname)s %(message)s")
     previous = signal.signal(signal.SIGTERM, raise_terminated)
     workers, status = WorkerProcesses(args, dp), 0
-    try:
-        RouterConfig(workers=tuple(workers.urls), **policy)  # bad flags: fail before starting
+    gateway: GatewayProcess | None = None
+    try:  # bad flags fail before anything starts
+        config = RouterConfig(
+            workers=tuple(workers.urls), host=args.host, port=args.port,
+            api_keys=args.keys.api + args.keys.admin, log_level=args.log_level, **policy,
+        )  # fmt: skip
+        if router not in ROUTERS:
+            raise ValueError(f"--router must be one of {ROUTERS}, not {router!r}")
+        if router == "sglang":
+            require_gateway()
         workers.start()
         workers.wait_healthy()
-        status = _run_router(args, workers, policy)
+        if router == "plait":
+            status = _run_router(config, workers)
+        else:
+            gateway = GatewayProcess(config, metrics_port=gateway_metrics_port)
+            status = _run_gateway(gateway, workers)
     except (KeyboardInterrupt, Terminated):
         log.info("shutting down")
     except (RuntimeError, TimeoutError, OSError, ValueError) as exc:
@@ -181,17 +217,16 @@ def serve_dp(args: ServerArgs, dp: int, **policy: Any) -> int:
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if gateway is not None:  # the workers first, as in DataParallelServer.shutdown
+            workers.terminate()
+            gateway.stop()
         workers.stop()
         signal.signal(signal.SIGTERM, previous)
         signal.signal(signal.SIGINT, signal.default_int_handler)
     return status
 
 
-def _run_router(args: ServerArgs, workers: WorkerProcesses, policy: dict[str, Any]) -> int:
-    config = RouterConfig(
-        workers=tuple(workers.urls), host=args.host, port=args.port,
-        api_keys=args.keys.api + args.keys.admin, log_level=args.log_level, **policy,
-    )  # fmt: skip
+def _run_router(config: RouterConfig, workers: WorkerProcesses) -> int:
     outcome = {"status": 0}
     server: DataParallelServer | None = None
 
@@ -207,6 +242,21 @@ def _run_router(args: ServerArgs, workers: WorkerProcesses, policy: dict[str, An
     server = DataParallelServer(plain.config, workers=workers)
     server.run()
     return outcome["status"]
+
+
+def _run_gateway(gateway: GatewayProcess, workers: WorkerProcesses) -> int:
+    """Until the gateway or every worker exits (1); a dead worker is left to the gateway's
+    health checks (its process group is killed here)."""
+    gateway.wait_ready()
+    log.info("SGLang's Model Gateway on %s -> %s", gateway.url, ", ".join(workers.urls))
+    while gateway.running():
+        workers.reap()
+        if workers.all_exited():
+            log.error("every worker exited: shutting down")
+            return 1
+        time.sleep(POLL_S)
+    log.error("the gateway exited with code %s", gateway.proc.poll())
+    return 1
 
 
 def worker_command(args: ServerArgs, engine: EngineConfig, port: int) -> list[str]:

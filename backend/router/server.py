@@ -13,6 +13,7 @@ import logging
 import signal
 import types
 from collections.abc import Sequence
+from typing import Any
 
 import uvicorn
 
@@ -70,7 +71,7 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
     add_policy_arguments(parser)
 
 
-def policy_options(ns: argparse.Namespace) -> dict[str, object]:
+def policy_options(ns: argparse.Namespace) -> dict[str, Any]:
     return {name: getattr(ns, name) for name in POLICY_FIELDS}
 
 
@@ -81,7 +82,7 @@ def config_from_namespace(ns: argparse.Namespace) -> RouterConfig:
         port=ns.port,
         api_keys=keys_from_namespace(ns).api,
         log_level=ns.log_level,
-        **policy_options(ns),  # type: ignore[arg-type]
+        **policy_options(ns),
     )
 
 

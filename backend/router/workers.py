@@ -77,10 +77,11 @@ class WorkerPool:
         await asyncio.gather(*(self._check(client, w) for w in self.workers if not w.dead))
 
     async def watch(self, client: httpx.AsyncClient) -> None:
-        """Check every worker each `health_interval_s`, forever (cancel to stop)."""
+        """Check every worker each `health_interval_s`, forever (cancel to stop); the first
+        check one interval after the router's startup check."""
         while True:
-            await self.check_all(client)
             await asyncio.sleep(self.config.health_interval_s)
+            await self.check_all(client)
 
     async def _check(self, client: httpx.AsyncClient, worker: Worker) -> None:
         try:
