@@ -14,7 +14,9 @@ import torch
 import torch.nn.functional as F
 
 from plait.kernels._step_native import DecodeStep, StepChoices, StepLayer, step_available
-from plait.kernels.quant_weight import QuantWeight, quantize_weight
+from plait.kernels.native_weight import NativeWeight
+from plait.kernels.quant import native_form
+from plait.kernels.quant_weight import quantize_weight
 
 pytestmark = pytest.mark.skipif(not step_available(), reason="no C compiler")
 
@@ -77,7 +79,10 @@ def make_layer(case: Case, gen: torch.Generator, layer: int) -> dict[str, Any]:
     q, kv = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
     shapes = {"qkv": (q + 2 * kv, HIDDEN), "o": (HIDDEN, q), "gate_up": (2 * INTER, HIDDEN)}
     shapes["down"] = (HIDDEN, INTER)
-    weights = {n: quantize_weight(rand(*s, scale=s[1] ** -0.5), bits=8) for n, s in shapes.items()}
+    weights = {
+        n: native_form(quantize_weight(rand(*s, scale=s[1] ** -0.5), bits=8))
+        for n, s in shapes.items()
+    }
     places = PLACES[case.layout]
     norms = [norm(HIDDEN) if there else None for there in places]
     whole = case.qk_norm == "full"
@@ -122,7 +127,7 @@ def rotate(x: torch.Tensor, cs: torch.Tensor) -> torch.Tensor:
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
 
 
-def linear(x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None) -> torch.Tensor:
+def linear(x: torch.Tensor, w: NativeWeight, bias: torch.Tensor | None) -> torch.Tensor:
     out = x @ w.dequantize().double().T
     return out if bias is None else out + bias.double()
 

@@ -27,6 +27,9 @@ CSRC = Path(__file__).resolve().parent / "csrc"
 # vectorizer if-convert loops with float selects (exp_nonpos in a softmax or silu).
 CFLAGS = ("-O3", "-shared", "-fPIC", "-std=c99", "-fopenmp-simd", "-fno-trapping-math")
 LIBS = ("-lm",)
+# A build takes 1-25 s of CPU (quant_matmul_cpu.c compiles its loops for four ISAs); a loaded
+# machine stretches that several times over.
+BUILD_TIMEOUT_S = 600
 
 
 def cache_dir() -> Path:
@@ -50,7 +53,7 @@ def build_library(source: Path, *, cc: str, out_dir: Path) -> Path:
     os.close(fd)
     try:
         cmd = [*shlex.split(cc), *CFLAGS, f"-I{CSRC}", "-o", tmp, str(source), *LIBS]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
         if proc.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed: {proc.stderr.strip()[:2000]}")
         os.replace(tmp, target)

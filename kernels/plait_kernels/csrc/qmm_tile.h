@@ -156,17 +156,15 @@ PLAIT_INLINE void QF(tile)(const int planes, const int MT, const plait_qpart_t *
     for (int i = 0; i < MT; ++i) memcpy(out + i * ldo, &tot[i], sizeof(float) * (size_t)rows);
 }
 
-/* Every row of x against one block: 4 rows at a time, then 2 and 1. */
+/* Every row of x against one block: 4 rows at a time, then one by one (two specializations
+ * per plane kind keep the build short: a decode batch of 2 or 3 decodes its codes 2 or 3
+ * times, cheap beside reading them). */
 #define QMM_DEFINE_ROWS(PLANES)                                                                    \
     static void QF(rows_##PLANES)(const plait_qpart_t *p, const qmm_act_t *a, int64_t blk,        \
                                   float *out, int64_t ldo, int rows) {                             \
         int64_t i = 0;                                                                             \
         for (; i + 4 <= a->m; i += 4) QF(tile)(PLANES, 4, p, a, i, blk, out + i * ldo, ldo, rows); \
-        if (i + 2 <= a->m) {                                                                       \
-            QF(tile)(PLANES, 2, p, a, i, blk, out + i * ldo, ldo, rows);                           \
-            i += 2;                                                                                \
-        }                                                                                          \
-        if (i < a->m) QF(tile)(PLANES, 1, p, a, i, blk, out + i * ldo, ldo, rows);                \
+        for (; i < a->m; ++i) QF(tile)(PLANES, 1, p, a, i, blk, out + i * ldo, ldo, rows);        \
     }
 
 QMM_DEFINE_ROWS(QMM_P4)
