@@ -69,86 +69,89 @@ PLAIT_INLINE void QF(decode)(const int planes, const uint8_t *cp, u8x64 V[8]) {
     }
 }
 
-/* The group's 16 scales (s[0], and s[1] for the second 16 values when sub = 16) and mins. */
-typedef struct {
-    f32x16 s[2], m[2];
-} QF(scales_t);
-
 PLAIT_INLINE f32x16 QF(load_f32)(const void *p) {
     f32x16 v;
     memcpy(&v, p, sizeof v);
     return v;
 }
 
-/* Scales of group g (`subs` = 32 / sub of them) from a block's arrays; d and dmin are the
- * block's current super-block scales (SK). */
-PLAIT_INLINE QF(scales_t) QF(group_scales)(const plait_qpart_t *p, const uint8_t *sc,
-                                           const uint8_t *mn, int64_t g, int subs, f32x16 d,
-                                           f32x16 dmin) {
-    QF(scales_t) r;
-    for (int j = 0; j < subs; ++j) {
-        int64_t at = (g * subs + j) * 16;
+/* A block's scales as floats, once for all its rows of x: for each group g and each of its
+ * `subs` runs of values (32 / sub), 16 scales s at S[(g * subs + j) * 16] and 16 offsets
+ * m - zero * s at Z[...] (the zero folded into the min, so the dot needs no correction). */
+static void QF(block_scales)(const plait_qpart_t *p, int64_t k, int64_t blk, float *S, float *Z) {
+    const int64_t gc = k / 32, subs = p->sub == 16 ? 2 : 1, n = gc * subs, supers = k / 256;
+    const int el = (int)qmm_scale_bytes(p->scale_form);
+    const uint8_t *sc = (const uint8_t *)p->scales + blk * n * 16 * el;
+    const uint8_t *mn = p->mins ? (const uint8_t *)p->mins + blk * n * 16 * el : NULL;
+    const f32x16 zero = (f32x16){} + (float)p->zero;
+    f32x16 d = {0}, dmin = {0};
+    for (int64_t at = 0; at < n; ++at) {
+        f32x16 s, m = {0};
         if (p->scale_form == QMM_SF16) {
-            r.s[j] = QMM_CVTPH((const uint16_t *)sc + at);
-            r.m[j] = mn ? QMM_CVTPH((const uint16_t *)mn + at) : (f32x16){};
+            s = QMM_CVTPH((const uint16_t *)sc + 16 * at);
+            if (mn) m = QMM_CVTPH((const uint16_t *)mn + 16 * at);
         } else if (p->scale_form == QMM_SF32) {
-            r.s[j] = QF(load_f32)((const float *)sc + at);
-            r.m[j] = mn ? QF(load_f32)((const float *)mn + at) : (f32x16){};
+            s = QF(load_f32)((const float *)sc + 16 * at);
+            if (mn) m = QF(load_f32)((const float *)mn + 16 * at);
         } else {
-            r.s[j] = d * QMM_CVTI8(sc + at);
-            r.m[j] = mn ? -(dmin * QMM_CVTI8(mn + at)) : (f32x16){};
+            if (at % (8 * subs) == 0) { /* a new super-block of 256 values */
+                d = QMM_CVTPH(p->d + (blk * supers + at / (8 * subs)) * 16);
+                if (p->dmin) dmin = QMM_CVTPH(p->dmin + (blk * supers + at / (8 * subs)) * 16);
+            }
+            s = d * QMM_CVTI8(sc + 16 * at);
+            if (mn) m = -(dmin * QMM_CVTI8(mn + 16 * at));
         }
+        f32x16 z = m - zero * s;
+        memcpy(S + 16 * at, &s, sizeof s);
+        memcpy(Z + 16 * at, &z, sizeof z);
     }
-    return r;
 }
 
-/* MT rows of x (from row i0) against one block of 16 rows of a part: out[i][0..rows). */
+/* MT rows of x (from row i0) against one block of 16 rows of a part (its scales S, Z from
+ * block_scales): out[i][0..rows). */
 PLAIT_INLINE void QF(tile)(const int planes, const int MT, const plait_qpart_t *p,
-                           const qmm_act_t *a, int64_t i0, int64_t blk, float *out, int64_t ldo,
-                           int rows) {
+                           const qmm_act_t *a, int64_t i0, int64_t blk, const float *S,
+                           const float *Z, float *out, int64_t ldo, int rows) {
     const int64_t gc = a->k / 32, gbytes = qmm_group_bytes(planes);
-    const int subs = p->sub == 16 ? 2 : 1, el = qmm_scale_bytes(p->scale_form);
+    const int subs = p->sub == 16 ? 2 : 1;
     const uint8_t *codes = p->codes + blk * gc * gbytes;
-    const uint8_t *sc = (const uint8_t *)p->scales + blk * gc * subs * 16 * el;
-    const uint8_t *mn = p->mins ? (const uint8_t *)p->mins + blk * gc * subs * 16 * el : NULL;
-    const int64_t supers = a->k / 256;
-    f32x16 tot[4] = {{0}}, d = {0}, dmin = {0};
-    const float zero = (float)p->zero;
+    f32x16 tot[4] = {{0}};
     for (int64_t g = 0; g < gc; ++g) {
         const uint8_t *cp = codes + g * gbytes;
-        __builtin_prefetch(cp + PF_DIST, 0, 3);
-        __builtin_prefetch(cp + PF_DIST + 64, 0, 3);
-        __builtin_prefetch(cp + 4 * PF_DIST, 0, 2);
-        if (p->scale_form == QMM_SK && g % 8 == 0) {
-            d = QMM_CVTPH(p->d + (blk * supers + g / 8) * 16);
-            if (p->dmin) dmin = QMM_CVTPH(p->dmin + (blk * supers + g / 8) * 16);
-        }
+        for (int64_t line = 0; line < gbytes; line += 64) __builtin_prefetch(cp + PF_DIST + line, 0, 3);
         u8x64 V[8];
         QF(decode)(planes, cp, V);
-        QF(scales_t) s = QF(group_scales)(p, sc, mn, g, subs, d, dmin);
         for (int i = 0; i < MT; ++i) {
             const int8_t *xg = a->xq + (i0 + i) * 2 * a->k + 64 * g; /* hi, then lo */
-            i32x16 ah[2] = {{0}}, al[2] = {{0}};
+            /* NA independent sums each of hi and lo: one row alone needs four to hide the
+             * dot's latency; four rows interleave theirs */
+            const int NA = MT == 1 ? 4 : 2;
+            i32x16 ah[4] = {{0}}, al[4] = {{0}};
 #pragma GCC unroll 8
             for (int t = 0; t < 8; ++t) {
                 int32_t hi, lo;
                 memcpy(&hi, xg + 4 * t, sizeof hi);
                 memcpy(&lo, xg + 32 + 4 * t, sizeof lo);
-                ah[t >> 2] = QMM_DP(ah[t >> 2], V[t], (i8x64)((i32x16){} + hi));
-                al[t >> 2] = QMM_DP(al[t >> 2], V[t], (i8x64)((i32x16){} + lo));
+                ah[t / (8 / NA)] = QMM_DP(ah[t / (8 / NA)], V[t], (i8x64)((i32x16){} + hi));
+                al[t / (8 / NA)] = QMM_DP(al[t / (8 / NA)], V[t], (i8x64)((i32x16){} + lo));
+            }
+            /* the first and second 16 values' sums (sub-blocks when sub = 16) */
+            i32x16 h[2] = {ah[0], ah[NA / 2]}, l[2] = {al[0], al[NA / 2]};
+            for (int c = 1; c < NA / 2; ++c) {
+                h[0] += ah[c], h[1] += ah[NA / 2 + c];
+                l[0] += al[c], l[1] += al[NA / 2 + c];
             }
             const float dx = a->dx[(i0 + i) * gc + g];
-            const int32_t *is = a->isum + (i0 + i) * 2 * gc + 2 * g;
+            const float *xs = a->xs + (i0 + i) * 2 * gc + 2 * g; /* sum(xq) * dx per 16 */
             if (subs == 1) {
-                i32x16 dot = ((ah[0] + ah[1]) << 8) + al[0] + al[1];
-                float sum = (float)(is[0] + is[1]);
-                f32x16 f = __builtin_convertvector(dot, f32x16);
-                tot[i] += (f - zero * sum) * (s.s[0] * dx) + s.m[0] * (sum * dx);
+                f32x16 f = __builtin_convertvector(((h[0] + h[1]) << 8) + l[0] + l[1], f32x16);
+                tot[i] += f * (QF(load_f32)(S + 16 * g) * dx);
+                tot[i] += QF(load_f32)(Z + 16 * g) * (xs[0] + xs[1]);
             } else {
                 for (int j = 0; j < 2; ++j) {
-                    f32x16 f = __builtin_convertvector((ah[j] << 8) + al[j], f32x16);
-                    float sum = (float)is[j];
-                    tot[i] += (f - zero * sum) * (s.s[j] * dx) + s.m[j] * (sum * dx);
+                    f32x16 f = __builtin_convertvector((h[j] << 8) + l[j], f32x16);
+                    tot[i] += f * (QF(load_f32)(S + 16 * (2 * g + j)) * dx);
+                    tot[i] += QF(load_f32)(Z + 16 * (2 * g + j)) * xs[j];
                 }
             }
         }
@@ -161,10 +164,12 @@ PLAIT_INLINE void QF(tile)(const int planes, const int MT, const plait_qpart_t *
  * times, cheap beside reading them). */
 #define QMM_DEFINE_ROWS(PLANES)                                                                    \
     static void QF(rows_##PLANES)(const plait_qpart_t *p, const qmm_act_t *a, int64_t blk,        \
-                                  float *out, int64_t ldo, int rows) {                             \
+                                  const float *S, const float *Z, float *out, int64_t ldo,        \
+                                  int rows) {                                                      \
         int64_t i = 0;                                                                             \
-        for (; i + 4 <= a->m; i += 4) QF(tile)(PLANES, 4, p, a, i, blk, out + i * ldo, ldo, rows); \
-        for (; i < a->m; ++i) QF(tile)(PLANES, 1, p, a, i, blk, out + i * ldo, ldo, rows);        \
+        for (; i + 4 <= a->m; i += 4)                                                              \
+            QF(tile)(PLANES, 4, p, a, i, blk, S, Z, out + i * ldo, ldo, rows);                     \
+        for (; i < a->m; ++i) QF(tile)(PLANES, 1, p, a, i, blk, S, Z, out + i * ldo, ldo, rows);  \
     }
 
 QMM_DEFINE_ROWS(QMM_P4)
@@ -175,16 +180,19 @@ QMM_DEFINE_ROWS(QMM_P2)
 QMM_DEFINE_ROWS(QMM_P2H1)
 QMM_DEFINE_ROWS(QMM_IQ4)
 
-static void QF(block)(const plait_qpart_t *p, const qmm_act_t *a, int64_t blk, float *out,
-                      int64_t ldo, int rows) {
+/* One block of a part against every row of x; `scratch` holds 2 * 2 * (k / 32) * 16 floats. */
+static void QF(block)(const plait_qpart_t *p, const qmm_act_t *a, int64_t blk, float *scratch,
+                      float *out, int64_t ldo, int rows) {
+    float *S = scratch, *Z = scratch + 2 * (a->k / 32) * 16;
+    QF(block_scales)(p, a->k, blk, S, Z);
     switch (p->planes) {
-    case QMM_P4: QF(rows_QMM_P4)(p, a, blk, out, ldo, rows); break;
-    case QMM_P8: QF(rows_QMM_P8)(p, a, blk, out, ldo, rows); break;
-    case QMM_P4H1: QF(rows_QMM_P4H1)(p, a, blk, out, ldo, rows); break;
-    case QMM_P4H2: QF(rows_QMM_P4H2)(p, a, blk, out, ldo, rows); break;
-    case QMM_P2: QF(rows_QMM_P2)(p, a, blk, out, ldo, rows); break;
-    case QMM_P2H1: QF(rows_QMM_P2H1)(p, a, blk, out, ldo, rows); break;
-    default: QF(rows_QMM_IQ4)(p, a, blk, out, ldo, rows); break;
+    case QMM_P4: QF(rows_QMM_P4)(p, a, blk, S, Z, out, ldo, rows); break;
+    case QMM_P8: QF(rows_QMM_P8)(p, a, blk, S, Z, out, ldo, rows); break;
+    case QMM_P4H1: QF(rows_QMM_P4H1)(p, a, blk, S, Z, out, ldo, rows); break;
+    case QMM_P4H2: QF(rows_QMM_P4H2)(p, a, blk, S, Z, out, ldo, rows); break;
+    case QMM_P2: QF(rows_QMM_P2)(p, a, blk, S, Z, out, ldo, rows); break;
+    case QMM_P2H1: QF(rows_QMM_P2H1)(p, a, blk, S, Z, out, ldo, rows); break;
+    default: QF(rows_QMM_IQ4)(p, a, blk, S, Z, out, ldo, rows); break;
     }
 }
 

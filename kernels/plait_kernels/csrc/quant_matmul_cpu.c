@@ -28,7 +28,12 @@
 #define XQ_MAX 127.0f
 /* Codes are prefetched this many bytes ahead into L1 (4x as far into L2): the hardware
  * prefetcher alone leaves a one-token decode (weights from DRAM) well short of bandwidth. */
+#define PF_SCALES 512 /* scales ahead (entries): about a prefetch distance of codes */
+#ifndef PF_DIST_OVERRIDE
 #define PF_DIST 4096
+#else
+#define PF_DIST PF_DIST_OVERRIDE
+#endif
 
 enum { ISA_GENERIC = 0, ISA_AVX2 = 1, ISA_AVX512 = 2, ISA_AVX512_VNNI = 3 };
 
@@ -40,11 +45,11 @@ typedef int32_t i32x16 __attribute__((vector_size(64)));
 typedef float f32x16 __attribute__((vector_size(64)));
 typedef int8_t i8x16 __attribute__((vector_size(16)));
 
-/* x quantized for one call (quantize_row): xq [m, 2k] int8, dx [m, k / 32], isum [m, k / 16]. */
+/* x quantized for one call (quantize_row): xq [m, 2k] int8, dx [m, k / 32] and xs [m, k / 16]
+ * (the sums of every 16 values as the two bytes hold them, sum(xq) * dx). */
 typedef struct {
     const int8_t *xq;
-    const float *dx;
-    const int32_t *isum;
+    const float *dx, *xs;
     int64_t m, k;
 } qmm_act_t;
 
@@ -60,9 +65,9 @@ PLAIT_INLINE int64_t qmm_scale_bytes(int form) { return form == QMM_SF32 ? 4 : f
 /* One row, per group of 32: x / dx = hi + lo / 256 with dx = max|x| / 127, hi = round(x / dx)
  * and lo = round(256 * (x / dx - hi)) (clamped to 127), so x is known to within dx / 512 (as
  * well as int16 would hold it) while each part is a byte the VNNI dot takes. xq holds hi then
- * lo per group (64 bytes); dx is stored / 256; isum per 16 is 256 * sum(hi) + sum(lo). A group
- * holding inf or nan gets dx = nan, so its outputs are nan. */
-PLAIT_INLINE void quantize_row(const float *x, int64_t k, int8_t *xq, float *dx, int32_t *isum) {
+ * lo per group (64 bytes); dx is stored / 256; xs per 16 is (256 * sum(hi) + sum(lo)) * dx. A
+ * group holding inf or nan gets dx = nan, so its outputs are nan. */
+PLAIT_INLINE void quantize_row(const float *x, int64_t k, int8_t *xq, float *dx, float *xs) {
     for (int64_t g = 0; g * 32 < k; ++g) {
         const float *xg = x + g * 32;
         float amax = 0.0f, sum = 0.0f;
@@ -90,8 +95,8 @@ PLAIT_INLINE void quantize_row(const float *x, int64_t k, int8_t *xq, float *dx,
                 s[h] += 256 * q + l;
             }
         }
-        isum[2 * g] = s[0];
-        isum[2 * g + 1] = s[1];
+        xs[2 * g] = (float)s[0] * dx[g];
+        xs[2 * g + 1] = (float)s[1] * dx[g];
     }
 }
 
@@ -292,8 +297,8 @@ int plait_qmm_isa(void) { return ISA_GENERIC; }
 
 /* ---- entry point --------------------------------------------------------------------------- */
 
-typedef void (*block_fn)(const plait_qpart_t *, const qmm_act_t *, int64_t, float *, int64_t,
-                         int);
+typedef void (*block_fn)(const plait_qpart_t *, const qmm_act_t *, int64_t, float *, float *,
+                         int64_t, int);
 
 static block_fn pick(int isa) {
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -305,17 +310,18 @@ static block_fn pick(int isa) {
     return block_generic;
 }
 
-/* Scratch for the quantized x, kept per thread and grown as needed. */
-static void *scratch(size_t bytes) {
-    static __thread void *buf = NULL;
-    static __thread size_t cap = 0;
-    if (bytes > cap) {
-        void *grown = realloc(buf, bytes);
+/* Scratch kept per thread and grown as needed: `which` 0 for the quantized x (the calling
+ * thread), 1 for a block's scales (every thread that runs blocks). */
+static void *scratch(int which, size_t bytes) {
+    static __thread void *buf[2] = {NULL, NULL};
+    static __thread size_t cap[2] = {0, 0};
+    if (bytes > cap[which]) {
+        void *grown = realloc(buf[which], bytes);
         if (grown == NULL) return NULL;
-        buf = grown;
-        cap = bytes;
+        buf[which] = grown;
+        cap[which] = bytes;
     }
-    return buf;
+    return buf[which];
 }
 
 typedef struct {
@@ -335,13 +341,19 @@ static void run_part(void *ctx, int part, int parts) {
     int64_t total = j->first[j->w->nparts];
     int64_t b0 = total * part / parts, b1 = total * (part + 1) / parts, m = j->act.m;
     int64_t ldo = j->w->n, p = 0;
+    float *scales = scratch(1, sizeof(float) * 4 * (size_t)(j->act.k / 32) * 16);
+    if (scales == NULL) { /* out of memory: the outputs become nan, the caller checks */
+        for (int64_t i = 0; i < m; ++i)
+            for (int64_t c = 0; c < ldo; ++c) j->out[i * ldo + c] = NAN;
+        return;
+    }
     for (int64_t b = b0; b < b1; ++b) {
         while (b >= j->first[p + 1]) ++p;
         const plait_qpart_t *q = &j->w->part[p];
         int64_t blk = b - j->first[p], r0 = j->row0[p] + blk * BLOCK_ROWS;
         int rows = q->n - blk * BLOCK_ROWS < BLOCK_ROWS ? (int)(q->n - blk * BLOCK_ROWS) : BLOCK_ROWS;
         float *ob = j->out + r0;
-        j->run(q, &j->act, blk, ob, ldo, rows);
+        j->run(q, &j->act, blk, scales, ob, ldo, rows);
         if (j->bias == NULL) continue;
         for (int64_t i = 0; i < m; ++i)
             for (int r = 0; r < rows; ++r) ob[i * ldo + r] += j->bias[r0 + r];
@@ -376,15 +388,13 @@ int plait_qmm_f32(int isa, int threads, plait_pool_fn pool, const float *x, int6
     if (!check_weight(w)) return -3;
     int64_t k = w->k, gc = k / 32;
     size_t xq_bytes = ((size_t)(2 * m * k) + 63) & ~(size_t)63;
-    char *buf = scratch(xq_bytes + sizeof(float) * (size_t)(m * gc) +
-                        sizeof(int32_t) * (size_t)(2 * m * gc));
+    char *buf = scratch(0, xq_bytes + sizeof(float) * (size_t)(3 * m * gc));
     if (buf == NULL) return -1;
     int8_t *xq = (int8_t *)buf;
-    float *dx = (float *)(buf + xq_bytes);
-    int32_t *isum = (int32_t *)(dx + m * gc);
+    float *dx = (float *)(buf + xq_bytes), *xs = dx + m * gc;
     for (int64_t i = 0; i < m; ++i)
-        quantize_row(x + i * ldx, k, xq + 2 * i * k, dx + i * gc, isum + i * 2 * gc);
-    job_t job = {pick(isa), w, {xq, dx, isum, m, k}, bias, out, {0}, {0}};
+        quantize_row(x + i * ldx, k, xq + 2 * i * k, dx + i * gc, xs + i * 2 * gc);
+    job_t job = {pick(isa), w, {xq, dx, xs, m, k}, bias, out, {0}, {0}};
     for (int64_t p = 0; p < w->nparts; ++p) {
         job.first[p + 1] = job.first[p] + (w->part[p].n + BLOCK_ROWS - 1) / BLOCK_ROWS;
         if (p + 1 < w->nparts) job.row0[p + 1] = job.row0[p] + w->part[p].n;
