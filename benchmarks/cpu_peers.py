@@ -211,6 +211,14 @@ def start(
     return parent, {"load_s": load_s, "resident_mb": resident / 2**20}
 
 
+def build_kernels() -> None:
+    """Compile plait's C kernels now (they are built at first use and cached)."""
+    from plait.kernels._native import CSRC, load_native
+
+    for source in sorted(CSRC.glob("*.c")):
+        load_native(source.stem)
+
+
 def measure(
     model: str,
     threads: list[int],
@@ -224,6 +232,7 @@ def measure(
     """seconds[job][worker] over `reps` rotations, after `warmup` unrecorded ones; and each
     worker's load figures."""
     todo = [job for job in jobs(model, quick) if only is None or job.name in only]
+    build_kernels()  # once, here: a worker's load time is then the model's, as a user's is
     started = {
         f"{k} T={t}": start(k, model, t, kv_tokens) for t in threads for k in ("plait", "llama.cpp")
     }

@@ -12,7 +12,7 @@ import torch
 from ._native import load_native, pool_function
 from .native_weight import NativeWeight, descriptor
 
-ISAS = ("generic", "avx2", "avx512", "avx512_vnni")
+ISAS = ("generic", "avx2", "avx512", "avx512_vnni", "amx")
 last_parts = 0  # threads the last native call was split over (tests, diagnostics)
 
 _i64, _ptr, _int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int

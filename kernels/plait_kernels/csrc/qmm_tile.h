@@ -159,6 +159,108 @@ PLAIT_INLINE void QF(tile)(const int planes, const int MT, const plait_qpart_t *
     for (int i = 0; i < MT; ++i) memcpy(out + i * ldo, &tot[i], sizeof(float) * (size_t)rows);
 }
 
+#ifdef QMM_AMX
+/* AMX: 16 rows of x at a time. Per step (a group of 32 values, or half a group when sub =
+ * 16), the decoded codes are a B tile as they are (row t of the tile is V[t]: 16 weight rows
+ * x 4 values), x's two bytes are A tiles read straight from xq (a row every 2k bytes), and
+ * TDPBSUD (signed x, unsigned codes) gives every row of x the same integer sums the vector
+ * path computes; the float steps after it are the vector path's, in its order, so the results
+ * are bit for bit the same. The sums of even and odd steps go to two pairs of tiles, so the
+ * tile unit works on one step while the vector unit scales the one before. Tiles: 0, 1 and
+ * 2, 3 the hi and lo sums (16 x 16 int32); 4, 5 hi and lo x (16 x 32 or 16 bytes); 6 the
+ * codes (8 or 4 rows of 64). */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} qmm_tilecfg_t;
+
+static void QF(amx_config)(int values) {
+    qmm_tilecfg_t c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 7; ++t) {
+        c.colsb[t] = t < 4 || t == 6 ? 64 : (uint16_t)values;
+        c.rows[t] = t == 6 ? (uint8_t)(values / 4) : 16;
+    }
+    _tile_loadconfig(&c);
+}
+
+/* A step's sums into tiles HI and LO (literal tile numbers: the intrinsics spell them into
+ * the instruction). */
+#define QMM_AMX_DOT(HI, LO, codes, xg, stride)                                                    \
+    do {                                                                                           \
+        _tile_zero(HI);                                                                            \
+        _tile_zero(LO);                                                                            \
+        _tile_loadd(6, codes, 64);                                                                 \
+        _tile_loadd(4, xg, stride);                                                                \
+        _tile_loadd(5, (xg) + 32, stride);                                                         \
+        _tile_dpbsud(HI, 4, 6);                                                                    \
+        _tile_dpbsud(LO, 5, 6);                                                                    \
+    } while (0)
+
+PLAIT_INLINE void QF(amx16)(const int planes, const plait_qpart_t *p, const qmm_act_t *a,
+                            int64_t i0, int64_t blk, const float *S, const float *Z, float *out,
+                            int64_t ldo, int rows) {
+    const int64_t gc = a->k / 32, gbytes = qmm_group_bytes(planes), stride = 2 * a->k;
+    const int subs = p->sub == 16 ? 2 : 1, width = 32 / subs;
+    const int64_t steps = gc * subs;
+    const uint8_t *codes = p->codes + blk * gc * gbytes;
+    const int8_t *x0 = a->xq + i0 * stride;
+    int32_t chi[16][16] __attribute__((aligned(64))), clo[16][16] __attribute__((aligned(64)));
+    u8x64 V[2][8] __attribute__((aligned(64)));
+    f32x16 tot[16] = {{0}};
+    for (int64_t st = 0; st <= steps; ++st) {
+        if (st < steps) { /* issue step st */
+            const int64_t g = st / subs, j = st % subs;
+            const uint8_t *cp = codes + g * gbytes;
+            if (j == 0) {
+                for (int64_t line = 0; line < gbytes; line += 64)
+                    __builtin_prefetch(cp + PF_DIST + line, 0, 3);
+                QF(decode)(planes, cp, V[g & 1]);
+            }
+            const uint8_t *b = (const uint8_t *)V[g & 1] + 256 * j;
+            const int8_t *xg = x0 + 64 * g + width * j;
+            if (st & 1)
+                QMM_AMX_DOT(2, 3, b, xg, stride);
+            else
+                QMM_AMX_DOT(0, 1, b, xg, stride);
+        }
+        if (st == 0) continue;
+        const int64_t prev = st - 1, g = prev / subs, j = prev % subs; /* scale step st - 1 */
+        if (prev & 1) {
+            _tile_stored(2, chi, 64);
+            _tile_stored(3, clo, 64);
+        } else {
+            _tile_stored(0, chi, 64);
+            _tile_stored(1, clo, 64);
+        }
+        const f32x16 sv = QF(load_f32)(S + 16 * prev), zv = QF(load_f32)(Z + 16 * prev);
+        for (int i = 0; i < 16; ++i) {
+            const float dx = a->dx[(i0 + i) * gc + g];
+            const float *xs = a->xs + (i0 + i) * 2 * gc + 2 * g;
+            i32x16 h, l;
+            memcpy(&h, chi[i], sizeof h);
+            memcpy(&l, clo[i], sizeof l);
+            f32x16 f = __builtin_convertvector((h << 8) + l, f32x16);
+            tot[i] += f * (sv * dx);
+            tot[i] += zv * (subs == 1 ? xs[0] + xs[1] : xs[j]);
+        }
+    }
+    for (int i = 0; i < 16; ++i) memcpy(out + i * ldo, &tot[i], sizeof(float) * (size_t)rows);
+}
+#undef QMM_AMX_DOT
+#define QMM_AMX_ROWS(PLANES)                                                                       \
+    if (a->m >= 16) {                                                                              \
+        QF(amx_config)(p->sub);                                                                    \
+        for (; i + 16 <= a->m; i += 16)                                                            \
+            QF(amx16)(PLANES, p, a, i, blk, S, Z, out + i * ldo, ldo, rows);                       \
+        _tile_release();                                                                           \
+    }
+#else
+#define QMM_AMX_ROWS(PLANES)
+#endif
+
 /* Every row of x against one block: 4 rows at a time, then one by one (two specializations
  * per plane kind keep the build short: a decode batch of 2 or 3 decodes its codes 2 or 3
  * times, cheap beside reading them). */
@@ -167,6 +269,7 @@ PLAIT_INLINE void QF(tile)(const int planes, const int MT, const plait_qpart_t *
                                   const float *S, const float *Z, float *out, int64_t ldo,        \
                                   int rows) {                                                      \
         int64_t i = 0;                                                                             \
+        QMM_AMX_ROWS(PLANES)                                                                       \
         for (; i + 4 <= a->m; i += 4)                                                              \
             QF(tile)(PLANES, 4, p, a, i, blk, S, Z, out + i * ldo, ldo, rows);                     \
         for (; i < a->m; ++i) QF(tile)(PLANES, 1, p, a, i, blk, S, Z, out + i * ldo, ldo, rows);  \
@@ -197,3 +300,4 @@ static void QF(block)(const plait_qpart_t *p, const qmm_act_t *a, int64_t blk, f
 }
 
 #undef QMM_DEFINE_ROWS
+#undef QMM_AMX_ROWS

@@ -14,6 +14,7 @@
  * whatever M, the thread count or the part of the split that computes it, so results do not
  * depend on the batch. Entry points per ISA: AVX-512 VNNI, AVX-512BW, AVX2, portable C;
  * plait_qmm_isa() names the best the CPU runs and the caller may ask for a lower one. */
+#define _DEFAULT_SOURCE /* syscall() under -std=c99 */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -35,7 +36,7 @@
 #define PF_DIST PF_DIST_OVERRIDE
 #endif
 
-enum { ISA_GENERIC = 0, ISA_AVX2 = 1, ISA_AVX512 = 2, ISA_AVX512_VNNI = 3 };
+enum { ISA_GENERIC = 0, ISA_AVX2 = 1, ISA_AVX512 = 2, ISA_AVX512_VNNI = 3, ISA_AMX = 4 };
 
 typedef uint8_t u8x64 __attribute__((vector_size(64)));
 typedef int8_t i8x64 __attribute__((vector_size(64)));
@@ -273,18 +274,44 @@ PLAIT_INLINE i32x16 dp_vnni(i32x16 acc, u8x64 a, i8x64 b) {
 #define QMM_DP dp_vnni
 #include "qmm_tile.h"
 #undef QMM_SFX
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c,amx-tile,amx-int8")
+#define QMM_SFX _amx
+#define QMM_AMX 1
+#include "qmm_tile.h"
+#undef QMM_SFX
+#undef QMM_AMX
 #undef QMM_DP
 #undef QMM_LUT
 #undef QMM_CVTPH
 #undef QMM_CVTI8
 #pragma GCC pop_options
 
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+/* AMX-TILE and AMX-INT8 (CPUID 7.0 EDX bits 24, 25), and the kernel's leave to use the tile
+ * data (asked once per process: arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA, 18). */
+static int amx_usable(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d >> 24 & 1) || !(d >> 25 & 1)) return 0;
+#ifdef SYS_arch_prctl
+    return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+#else
+    return 0;
+#endif
+}
+
 int plait_qmm_isa(void) {
     __builtin_cpu_init();
     int avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                  __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
                  __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-    if (avx512 && __builtin_cpu_supports("avx512vnni")) return ISA_AVX512_VNNI;
+    if (avx512 && __builtin_cpu_supports("avx512vnni"))
+        return amx_usable() ? ISA_AMX : ISA_AVX512_VNNI;
     if (avx512) return ISA_AVX512;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
         __builtin_cpu_supports("f16c"))
@@ -302,7 +329,8 @@ typedef void (*block_fn)(const plait_qpart_t *, const qmm_act_t *, int64_t, floa
 
 static block_fn pick(int isa) {
 #if defined(__x86_64__) && defined(__GNUC__)
-    if (isa >= ISA_AVX512_VNNI) return block_vnni;
+    if (isa >= ISA_AMX) return block_amx;
+    if (isa == ISA_AVX512_VNNI) return block_vnni;
     if (isa == ISA_AVX512) return block_avx512;
     if (isa == ISA_AVX2) return block_avx2;
 #endif
