@@ -29,7 +29,8 @@ from benchmarks.common import markdown_table, median, setup_torch, timed, write_
 from plait.backend.engine.engine import Engine
 from plait.backend.engine.inprocess import InProcessRuntime
 from plait.backend.grammar.compiler import GrammarError, GrammarKey, compile_key, new_compiler
-from plait.backend.grammar.xgrammar_backend import XGrammarBackend, tokenizer_info
+from plait.backend.grammar.backend import GrammarBackend
+from plait.backend.grammar.vocab import tokenizer_info
 from plait.backend.model.builtin import resolve_model_path
 
 MODEL = "plait-small"
@@ -132,7 +133,7 @@ def fill_times_us(engine: Engine) -> list[float]:
     """Per-row mask-fill time of every step the engine has run (µs)."""
     assert isinstance(engine.runtime, InProcessRuntime), "the benchmark runs in-process"
     hooks = engine.runtime.scheduler.grammar
-    assert isinstance(hooks, XGrammarBackend)
+    assert isinstance(hooks, GrammarBackend)
     log = hooks.filler.log
     return [1e6 * seconds / rows for seconds, rows in log]
 

@@ -18,12 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import llguidance as llg
 import xgrammar as xgr
 
 from plait.backend.grammar.compiler import GrammarError, GrammarKey, clean_error
 from plait.backend.grammar.compiler import json_schema_grammar as build_grammar
 from plait.backend.grammar.layout import COMPACT as COMPACT_LAYOUT
 from plait.backend.grammar.layout import FLEXIBLE
+from plait.backend.grammar.llg_matcher import LIMITS
 from plait.backend.grammar.schema.rewrite import rewrite_schema
 from plait.backend.grammar.schema.utils import resolve_ref
 from plait.backend.grammar.schema.warnings import SchemaGap
@@ -267,3 +269,36 @@ def blame(result: CaseResult, index: int, *, checker: StringChecker) -> list[str
         if explain(sub, index, checker=checker):
             single.append(keyword)
     return single or ["+".join(keywords)]
+
+
+# --- llguidance ---------------------------------------------------------------------------
+class _Bytes:
+    """A byte-level token list for llguidance (token i is byte i; 256 is the EOS)."""
+
+    eos_token_id = 256
+    bos_token_id = None
+    tokens = [bytes([i]) for i in range(256)] + [b"<eos>"]
+    special_token_ids = [256]
+
+    def __call__(self, text: str | bytes) -> list[int]:
+        return list(text.encode() if isinstance(text, str) else text)
+
+
+class LlgStringChecker:
+    """llguidance's acceptance of whole strings: its grammars compiled against a byte-level
+    vocabulary, each string fed byte by byte."""
+
+    def __init__(self) -> None:
+        self.tokenizer = llg.LLTokenizer(llg.TokenizerWrapper(_Bytes()))
+
+    def compile(self, grammar: str) -> llg.LLMatcher:
+        matcher = llg.LLMatcher(self.tokenizer, grammar, log_level=0, limits=LIMITS)
+        if matcher.is_error():
+            raise GrammarError(clean_error(ValueError(matcher.get_error())))
+        return matcher
+
+    @staticmethod
+    def accepts(template: llg.LLMatcher, text: str) -> bool:
+        matcher = template.deep_copy()
+        data = list(text.encode())
+        return matcher.try_consume_tokens(data) == len(data) and bool(matcher.is_accepting())

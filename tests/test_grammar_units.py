@@ -15,11 +15,11 @@ import xgrammar as xgr
 from transformers import PreTrainedTokenizerBase
 
 from plait.backend.config import EngineConfig
+from plait.backend.grammar.backend import GrammarBackend, make_grammar
 from plait.backend.grammar.jump_forward import Retokenizer
 from plait.backend.grammar.regex_fsm import RegexCursor, RegexFSM
 from plait.backend.grammar.schema.rewrite import rewrite_schema, search_pattern
 from plait.backend.grammar.schema.warnings import gap_warnings, schema_gaps
-from plait.backend.grammar.xgrammar_backend import XGrammarBackend, make_grammar
 from plait.backend.model.builtin import resolve_model_path
 from plait.backend.request.req import Req
 from plait.backend.request.sampling_params import SamplingParams
@@ -200,9 +200,9 @@ def tokenizer() -> PreTrainedTokenizerBase:
 
 
 @contextmanager
-def backend(tokenizer: PreTrainedTokenizerBase, **config: Any) -> Iterator[XGrammarBackend]:
+def backend(tokenizer: PreTrainedTokenizerBase, **config: Any) -> Iterator[GrammarBackend]:
     hooks = make_grammar(EngineConfig(**config), tokenizer, 16384)
-    assert isinstance(hooks, XGrammarBackend)
+    assert isinstance(hooks, GrammarBackend)
     try:
         yield hooks
     finally:
@@ -210,7 +210,7 @@ def backend(tokenizer: PreTrainedTokenizerBase, **config: Any) -> Iterator[XGram
 
 
 @pytest.fixture(scope="module")
-def shared(tokenizer: PreTrainedTokenizerBase) -> Iterator[XGrammarBackend]:
+def shared(tokenizer: PreTrainedTokenizerBase) -> Iterator[GrammarBackend]:
     """A backend with the default config (compile workers started once for the module)."""
     with backend(tokenizer) as hooks:
         yield hooks
@@ -221,7 +221,7 @@ def request(rid: str, **params: object) -> Req:
     return Req(rid=rid, input_ids=[5, 6, 7], params=sp, eos_ids=EOS)
 
 
-def wait_ready(hooks: XGrammarBackend, reqs: Sequence[Req]) -> tuple[list[Req], list[Req]]:
+def wait_ready(hooks: GrammarBackend, reqs: Sequence[Req]) -> tuple[list[Req], list[Req]]:
     ready: list[Req] = []
     failed: list[Req] = []
     deadline = time.monotonic() + 120  # the first compile waits for the workers to start
@@ -232,16 +232,17 @@ def wait_ready(hooks: XGrammarBackend, reqs: Sequence[Req]) -> tuple[list[Req], 
     return ready, failed
 
 
-def test_same_constraint_compiles_once(shared: XGrammarBackend) -> None:
+def test_same_constraint_compiles_once(shared: GrammarBackend, grammar_backend: str) -> None:
     hooks = shared
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
-    reqs = [request(f"r{i}", json_schema=schema) for i in range(3)]
+    reqs = [request(f"r{i}", json_schema=schema, grammar_backend=grammar_backend) for i in range(3)]
     for req in reqs:
         hooks.submit(req)
     ready, failed = wait_ready(hooks, reqs)
     assert failed == [] and len(ready) == 3
     assert len({id(r.grammar.compiled) for r in ready}) == 1
-    again = request("r3", json_schema=json.dumps(schema, indent=2))
+    assert ready[0].grammar.compiled.backend == grammar_backend
+    again = request("r3", json_schema=json.dumps(schema, indent=2), grammar_backend=grammar_backend)
     hooks.submit(again)
     assert wait_ready(hooks, [again])[0][0].grammar.compiled is ready[0].grammar.compiled
 
@@ -255,33 +256,50 @@ def test_cache_is_bounded(tokenizer: PreTrainedTokenizerBase) -> None:
         assert len(hooks.cache.entries) == 2
 
 
-def test_errors_name_the_problem_and_stay_with_their_request(shared: XGrammarBackend) -> None:
+ERRORS = {
+    "xgrammar": {
+        "schema": 'invalid json_schema: Unsupported type "foo"',
+        "regex": "invalid regex: Regex parsing error at position 4",
+        "ebnf": "invalid ebnf: EBNF parser error at line 1, column 10: "
+        'Rule "missing" is not defined',
+    },
+    "llguidance": {
+        "schema": "invalid json_schema: Invalid type: foo",
+        "regex": 'invalid regex: at 1(8): invalid regex "[a-" (in regex): regex parse error:',
+        "ebnf": "invalid ebnf: Rule 'missing' not found",
+    },
+}
+
+
+def test_errors_name_the_problem_and_stay_with_their_request(
+    shared: GrammarBackend, grammar_backend: str
+) -> None:
     hooks = shared
+    on = {"grammar_backend": grammar_backend}
     bad = {
-        "schema": request("a", json_schema='{"type": "foo"}'),
-        "json": request("b", json_schema="{not json"),
-        "regex": request("c", regex="[a-"),
-        "ebnf": request("d", ebnf="root ::= missing"),
+        "schema": request("a", json_schema='{"type": "foo"}', **on),
+        "json": request("b", json_schema="{not json", **on),
+        "regex": request("c", regex="[a-", **on),
+        "ebnf": request("d", ebnf="root ::= missing", **on),
     }
-    good = request("e", regex="[0-9]+")
+    good = request("e", regex="[0-9]+", **on)
     for req in [*bad.values(), good]:
         hooks.submit(req)
     ready, failed = wait_ready(hooks, [*bad.values(), good])
     assert ready == [good] and set(failed) == set(bad.values())
     messages = {k: str(r.finished.message) for k, r in bad.items() if r.finished is not None}
-    assert messages["schema"] == 'invalid json_schema: Unsupported type "foo"'
+    expected = ERRORS[grammar_backend]
+    assert messages["schema"] == expected["schema"]
     assert messages["json"].startswith("json_schema is not valid JSON")
-    assert messages["regex"].startswith("invalid regex: Regex parsing error at position 4")
-    assert (
-        messages["ebnf"]
-        == 'invalid ebnf: EBNF parser error at line 1, column 10: Rule "missing" is not defined'
-    )
+    assert messages["regex"].startswith(expected["regex"])
+    assert messages["ebnf"] == expected["ebnf"]
 
 
 def test_a_compile_past_its_deadline_is_killed_and_queued_jobs_time_out_too(
-    tokenizer: PreTrainedTokenizerBase,
+    tokenizer: PreTrainedTokenizerBase, grammar_backend: str
 ) -> None:
-    with backend(tokenizer, grammar_timeout_s=0.5, grammar_workers=1) as hooks:
+    config = {"grammar_timeout_s": 0.5, "grammar_workers": 1, "grammar_backend": grammar_backend}
+    with backend(tokenizer, **config) as hooks:
         pool = hooks.cache.pool
         hooks.warm_up()
         assert wait_for(lambda: pool.ready() == 1, 120)
@@ -323,10 +341,11 @@ def pid_alive(pid: int) -> bool:
 
 
 def test_masks_allow_exactly_the_grammar(
-    tokenizer: PreTrainedTokenizerBase, shared: XGrammarBackend
+    tokenizer: PreTrainedTokenizerBase, shared: GrammarBackend, grammar_backend: str
 ) -> None:
     hooks = shared
-    plain, digits = request("p"), request("d", regex="[0-9]{3}")
+    plain = request("p")
+    digits = request("d", regex="[0-9]{3}", grammar_backend=grammar_backend)
     hooks.submit(digits)
     wait_ready(hooks, [digits])
     mask = hooks.begin_fill([plain, digits])()
@@ -345,10 +364,11 @@ PERSON = {
 
 
 def test_jump_forward_appends_canonical_tokens_and_keeps_the_matcher_in_step(
-    tokenizer: PreTrainedTokenizerBase, shared: XGrammarBackend
+    tokenizer: PreTrainedTokenizerBase, shared: GrammarBackend, grammar_backend: str
 ) -> None:
     hooks = shared
-    req = request("j", json_schema=PERSON, json_layout="compact")  # every gap forced
+    on = {"json_layout": "compact", "grammar_backend": grammar_backend}  # every gap forced
+    req = request("j", json_schema=PERSON, **on)
     hooks.submit(req)
     wait_ready(hooks, [req])
     brace = tokenizer.encode("{", add_special_tokens=False)
@@ -361,5 +381,6 @@ def test_jump_forward_appends_canonical_tokens_and_keeps_the_matcher_in_step(
     assert req.output_ids == tokenizer.encode(text, add_special_tokens=False)
     # the tokens a later jump may retokenize are held back from streaming
     assert req.hold_from == len(req.output_ids) - (hooks.rewriter.retokenizer.window - 1)
-    assert req.grammar.matcher.accept_string('{"name":"x","age":1}'[len(text) :])
+    rest = tokenizer.encode('{"name":"x","age":1}'[len(text) :], add_special_tokens=False)
+    assert all(req.grammar.accept(token) for token in rest)
     assert req.grammar.matcher.is_completed()
