@@ -28,8 +28,8 @@ import xgrammar as xgr
 from benchmarks.common import markdown_table, median, setup_torch, timed, write_results
 from plait.backend.engine.engine import Engine
 from plait.backend.engine.inprocess import InProcessRuntime
-from plait.backend.grammar.compiler import GrammarError, GrammarKey, compile_key, new_compiler
 from plait.backend.grammar.backend import GrammarBackend
+from plait.backend.grammar.compiler import GrammarError, GrammarKey, compile_key, new_compiler
 from plait.backend.grammar.vocab import tokenizer_info
 from plait.backend.model.builtin import resolve_model_path
 

@@ -16,6 +16,8 @@ import pytest
 from grammar_cases import validates
 from schema_suite import (
     EXPECTED,
+    EXPECTED_FILES,
+    RUNNERS,
     SUITE_DIR,
     FileTally,
     Group,
@@ -57,6 +59,29 @@ def test_the_run_is_fast(timed_run: tuple[dict[str, FileTally], float]) -> None:
     """CPU seconds of the whole run (wall time on a shared machine measures the neighbours)."""
     _, seconds = timed_run
     assert seconds < MAX_RUN_S
+
+
+@pytest.mark.parametrize("backend", ["llguidance", "auto"])
+def test_the_other_backends_counts_are_as_recorded(backend: str) -> None:
+    """llguidance's counts, and `auto`'s (each group checked by the backend it picks), per
+    file as recorded (`expected_llguidance.json`, `expected_auto.json`); neither accepts an
+    invalid instance without a warning, and `auto` accepts fewer invalid instances than
+    either backend alone and compiles more groups (docs/structured.md)."""
+    tallies = run_suite(RUNNERS[backend]())
+    got = {name: t.row() for name, t in tallies.items()}
+    assert got == json.loads(EXPECTED_FILES[backend].read_text())
+    assert sum(t.counts["silent"] for t in tallies.values()) == 0
+
+
+def test_auto_beats_each_backend_on_the_core_files() -> None:
+    totals = {}
+    for backend in ("xgrammar", "llguidance", "auto"):
+        rows = json.loads(EXPECTED_FILES[backend].read_text())
+        core = [row for name, row in rows.items() if "/" not in name]
+        totals[backend] = {k: sum(r.get(k, 0) for r in core) for k in ("accepted", "failed")}
+    for other in ("xgrammar", "llguidance"):
+        assert totals["auto"]["accepted"] < totals[other]["accepted"]
+        assert totals["auto"]["failed"] < totals[other]["failed"]
 
 
 def test_rewrite_keeps_every_verdict() -> None:

@@ -16,7 +16,10 @@ from transformers import PreTrainedTokenizerBase
 
 from plait.backend.config import EngineConfig
 from plait.backend.grammar.backend import GrammarBackend, make_grammar
+from plait.backend.grammar.compiler import GrammarError, build_grammar, grammar_key
 from plait.backend.grammar.jump_forward import Retokenizer
+from plait.backend.grammar.keys import GrammarKey
+from plait.backend.grammar.layout import DUMPS
 from plait.backend.grammar.regex_fsm import RegexCursor, RegexFSM
 from plait.backend.grammar.schema.rewrite import rewrite_schema, search_pattern
 from plait.backend.grammar.schema.warnings import gap_warnings, schema_gaps
@@ -384,3 +387,33 @@ def test_jump_forward_appends_canonical_tokens_and_keeps_the_matcher_in_step(
     rest = tokenizer.encode('{"name":"x","age":1}'[len(text) :], add_special_tokens=False)
     assert all(req.grammar.accept(token) for token in rest)
     assert req.grammar.matcher.is_completed()
+
+
+# --- choosing the backend ---------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("schema", "chosen"),
+    [
+        ({"type": "object", "properties": {"a": {"type": "integer"}}}, "xgrammar"),  # no warning
+        ({"type": "number", "multipleOf": 0.5}, "llguidance"),  # xgrammar warns, llg enforces
+        ({"type": "string", "pattern": "\\p{Letter}+"}, "llguidance"),  # xgrammar refuses it
+        ({"type": "array", "uniqueItems": True}, "xgrammar"),  # both warn: xgrammar's warning
+        ({"type": "string", "format": "hostname"}, "xgrammar"),  # both loose (llg: warned)
+    ],
+)
+def test_auto_takes_the_backend_that_enforces_every_keyword(schema: Any, chosen: str) -> None:
+    key = GrammarKey("json_schema", json.dumps(schema), DUMPS, strict_mode=True, backend="auto")
+    built = build_grammar(key)
+    assert built.backend == chosen
+    assert bool(built.warnings) == ("uniqueItems" in schema or "format" in schema)
+
+
+def test_the_engine_and_request_options_are_checked() -> None:
+    with pytest.raises(ValueError, match="grammar_backend"):
+        EngineConfig(grammar_backend="outlines")
+    params = SamplingParams.from_dict({"lark": 'start: "a"'})
+    assert grammar_key(params, backend="auto").backend == "llguidance"
+    assert grammar_key(SamplingParams.from_dict({"regex": "a"}), backend="auto").backend == (
+        "xgrammar"
+    )
+    with pytest.raises(GrammarError, match="xgrammar does not take Lark grammars"):
+        grammar_key(params, backend="xgrammar")

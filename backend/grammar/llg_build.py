@@ -35,6 +35,10 @@ from plait.backend.grammar.schema.rewrite import rewrite_schema
 
 Schema = Any
 _UNIMPLEMENTED = re.compile(r"Unimplemented keys: \[(.*?)\]")
+_UNKNOWN_FORMAT = re.compile(r"Unknown format: (.*)")
+# formats llguidance checks more loosely than their definition (measured on the
+# JSON-Schema-Test-Suite's format files, docs/structured.md)
+LOOSE_FORMATS = {"hostname": "label lengths and punycode labels are not checked"}
 # keywords whose values are maps of subschemas, lists of subschemas, or one subschema
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
@@ -78,20 +82,25 @@ def json_schema(key: GrammarKey, schema: Schema) -> tuple[dict[str, Any], tuple[
     """The schema llguidance is given for `key` (rewritten, closed under strict mode, the
     layout's `x-guidance` options) and its warnings: the first of (strict, exact), (open,
     exact), (strict, lenient), (open, lenient) that llguidance accepts; raises GrammarError
-    with llguidance's message on the exact schema when none is."""
-    base = as_object(rewrite_schema(schema))
+    with llguidance's message on the last one when none is."""
+    rewritten = rewrite_schema(schema)
+    if rewritten is False:
+        raise GrammarError("invalid json_schema: the schema is false (no instance is valid)")
+    base = as_object(rewritten)
     shapes = [closed(base), base] if key.strict_mode else [base]
     options = llguidance_options(key.layout)
-    first_error = ""
+    error = ""
     for lenient in (False, True):
+        strict_error = ""  # why the closed shape failed at this leniency
         for shape in shapes:
             candidate = {**shape, "x-guidance": {**options, "lenient": lenient}}
             failed, messages = _check(candidate)
             if not failed:
-                opened = first_error if key.strict_mode and shape is base else ""
+                opened = strict_error if shape is not shapes[0] else ""
                 return candidate, _notes(candidate, messages, lenient=lenient, opened=opened)
-            first_error = first_error or error_line(messages[0])
-    raise GrammarError(f"invalid json_schema: {first_error}")
+            error = error_line(messages[0])
+            strict_error = strict_error or error
+    raise GrammarError(f"invalid json_schema: {error}")
 
 
 def _check(schema: dict[str, Any]) -> tuple[bool, list[str]]:
@@ -106,21 +115,41 @@ def _notes(
     """Warnings in xgrammar's words: strict mode turned off (`opened`: why the strict schema
     failed), each keyword a lenient compile ignored, and `oneOf`, which it reads as
     `anyOf`."""
-    notes = []
-    if opened:
-        notes.append(f"strict_mode was turned off for this schema ({opened})")
-    for message in messages:
-        found = _UNIMPLEMENTED.search(message)
-        if found is None:
-            notes.append(f"json_schema: llguidance: {error_line(message)}")
-            continue
-        for keyword in json.loads(f"[{found.group(1)}]"):
-            notes.append(f"json_schema keyword '{keyword}' is not enforced (llguidance "
-                         "does not implement it)")  # fmt: skip
+    notes = [f"strict_mode was turned off for this schema ({opened})"] if opened else []
+    notes += [note for message in messages for note in _message_notes(message)]
     if lenient and '"oneOf"' in json.dumps(schema):
         notes.append("json_schema keyword 'oneOf' is not enforced (llguidance matches it as "
                      "anyOf)")  # fmt: skip
+    for fmt in sorted(_formats(schema) & set(LOOSE_FORMATS)):
+        notes.append(f"json_schema keyword 'format' is not enforced (llguidance's {fmt}: "
+                     f"{LOOSE_FORMATS[fmt]})")  # fmt: skip
     return tuple(dict.fromkeys(notes))
+
+
+def _message_notes(message: str) -> list[str]:
+    """One of llguidance's warnings in xgrammar's words, naming the keyword."""
+    found = _UNIMPLEMENTED.search(message)
+    if found is not None:
+        return [f"json_schema keyword '{keyword}' is not enforced (llguidance does not "
+                "implement it)" for keyword in json.loads(f"[{found.group(1)}]")]  # fmt: skip
+    unknown = _UNKNOWN_FORMAT.search(message)
+    if unknown is not None:
+        return [f"json_schema keyword 'format' is not enforced (llguidance does not know "
+                f"format '{unknown.group(1).strip()}')"]  # fmt: skip
+    return [f"json_schema: llguidance: {error_line(message)}"]
+
+
+def _formats(node: Schema) -> set[str]:
+    """Every `format` a schema uses (not inside `enum`/`const` values)."""
+    if isinstance(node, list):
+        return {f for item in node for f in _formats(item)}
+    if not isinstance(node, dict):
+        return set()
+    found = {node["format"]} if isinstance(node.get("format"), str) else set()
+    for key, value in node.items():
+        if key not in ("enum", "const", "default", "examples"):
+            found |= _formats(value)
+    return found
 
 
 def as_object(schema: Schema) -> dict[str, Any]:
