@@ -21,6 +21,7 @@ from schema_suite import (
     SUITE_DIR,
     FileTally,
     Group,
+    LlgSuiteRunner,
     SuiteRunner,
     is_remote,
     load_groups,
@@ -28,6 +29,7 @@ from schema_suite import (
     suite_files,
 )
 
+from plait.backend.grammar.errors import GrammarError
 from plait.backend.grammar.schema.rewrite import rewrite_schema
 
 MAX_RUN_S = 60.0
@@ -71,6 +73,28 @@ def test_the_other_backends_counts_are_as_recorded(backend: str) -> None:
     got = {name: t.row() for name, t in tallies.items()}
     assert got == json.loads(EXPECTED_FILES[backend].read_text())
     assert sum(t.counts["silent"] for t in tallies.values()) == 0
+
+
+def test_llguidance_without_warnings_accepts_no_invalid_instance() -> None:
+    """`auto`'s premise: where llguidance compiles a schema without a warning, its grammar
+    accepts no invalid instance of the suite (185 groups as measured)."""
+    runner, clean, accepted = LlgSuiteRunner(), 0, []
+    for path in suite_files():
+        for group in load_groups(path):
+            if is_remote(group.schema) or not _compiles_cleanly(runner, group):
+                continue
+            clean += 1
+            for valid, value in group.tests:
+                if not valid and runner.accepts(group.schema, value, any_order=False):
+                    accepted.append((group.file, group.description, value))
+    assert accepted == [] and clean == 185
+
+
+def _compiles_cleanly(runner: LlgSuiteRunner, group: Group) -> bool:
+    try:
+        return not runner.compiled(group.schema)[1]
+    except GrammarError:
+        return False
 
 
 def test_auto_beats_each_backend_on_the_core_files() -> None:
