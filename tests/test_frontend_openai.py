@@ -78,6 +78,13 @@ def test_what_the_api_cannot_do_is_a_clear_error(backend: plait.OpenAIBackend) -
     with pytest.raises(plait.ProgramError, match="cannot stop at a regex"):
         stop_at_digit.run(backend=backend)
 
+    @plait.program
+    def with_lark(s):  # type: ignore[no-untyped-def]
+        s += "Code: " + plait.gen("n", max_tokens=8, lark="start: /[0-9]{3}/")
+
+    with pytest.raises(plait.ProgramError, match="cannot constrain output to a Lark grammar"):
+        with_lark.run(backend=backend)
+
 
 def test_streaming_through_openai(backend: plait.OpenAIBackend) -> None:
     state = plain_text.run(backend=backend, stream=True, temperature=0)
