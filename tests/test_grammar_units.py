@@ -15,6 +15,7 @@ import xgrammar as xgr
 from transformers import PreTrainedTokenizerBase
 
 from plait.backend.config import EngineConfig
+from plait.backend.grammar import llg_build
 from plait.backend.grammar.backend import GrammarBackend, make_grammar
 from plait.backend.grammar.compiler import GrammarError, build_grammar, grammar_key
 from plait.backend.grammar.jump_forward import Retokenizer
@@ -23,6 +24,7 @@ from plait.backend.grammar.layout import DUMPS
 from plait.backend.grammar.regex_fsm import RegexCursor, RegexFSM
 from plait.backend.grammar.schema.rewrite import rewrite_schema, search_pattern
 from plait.backend.grammar.schema.warnings import gap_warnings, schema_gaps
+from plait.backend.grammar.vocab import Vocab
 from plait.backend.model.builtin import resolve_model_path
 from plait.backend.request.req import Req
 from plait.backend.request.sampling_params import SamplingParams
@@ -417,3 +419,33 @@ def test_the_engine_and_request_options_are_checked() -> None:
     )
     with pytest.raises(GrammarError, match="xgrammar does not take Lark grammars"):
         grammar_key(params, backend="xgrammar")
+
+
+# --- llguidance behind xgrammar's matcher calls -------------------------------------------------
+def bit(mask: torch.Tensor, token: int) -> bool:
+    return bool((int(mask[0, token >> 5]) >> (token & 31)) & 1)
+
+
+def test_llguidance_matcher_keeps_the_matcher_contract(tokenizer: PreTrainedTokenizerBase) -> None:
+    """A rejected token changes nothing (llguidance alone would enter an error state); the
+    request's stop tokens, not llguidance's EOS, end the output and only where the grammar
+    may end; rollback crosses the stop; forks are independent."""
+    vocab = Vocab(tokenizer=tokenizer, vocab_size=16384)
+    compiler = vocab.llg_compiler
+    key = GrammarKey("regex", "[0-9]{2}", backend="llguidance")
+    matcher = compiler.matcher(compiler.compile(llg_build.build(key).data), stops=[2])
+    (llg_eos,) = compiler.eos
+    assert llg_eos != 2
+    digit, letter = (tokenizer.encode(t, add_special_tokens=False)[0] for t in ("1", "a"))
+    mask = torch.zeros((1, 512), dtype=torch.int32)
+    assert not matcher.accept_token(letter) and matcher.accept_token(digit)
+    matcher.fill_next_token_bitmask(mask, 0)
+    assert bit(mask, digit) and not bit(mask, 2) and not matcher.accept_token(2)
+    assert matcher.accept_token(digit) and matcher.is_completed()
+    matcher.fill_next_token_bitmask(mask, 0)
+    assert bit(mask, 2) and not bit(mask, llg_eos) and not bit(mask, digit)
+    assert matcher.accept_token(2) and matcher.is_terminated()
+    fork = matcher.fork()
+    matcher.rollback(2)
+    assert not matcher.is_terminated() and fork.is_terminated()
+    assert matcher.accept_token(digit) and not matcher.accept_token(digit)

@@ -117,12 +117,12 @@ class LlgMatcher:
 
     def fix_row(self, bits: np.ndarray, index: int) -> None:
         """After llguidance filled row `index` of `bits`: its own EOS out, the request's stop
-        tokens in where the grammar may end; raises when the matcher has failed (a limit
-        was hit)."""
+        tokens in where the grammar may end and out elsewhere; raises when the matcher has
+        failed (a limit was hit)."""
         if self.inner.is_error():
             raise RuntimeError(f"llguidance: {error_line(self.inner.get_error())}")
         row = bits[index].view(np.uint32)
-        for token in self.eos:
+        for token in self.eos + self.stops:  # a stop token is never text, as in xgrammar
             row[token >> 5] &= ~np.uint32(1 << (token & 31))
         if self.inner.is_accepting():
             for token in self.stops:
