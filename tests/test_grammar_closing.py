@@ -20,7 +20,6 @@ from transformers import PreTrainedTokenizerBase
 
 from helpers import tiny_engine
 from plait.backend.engine.engine import Engine
-from plait.backend.grammar import llg_build
 from plait.backend.grammar.closing import (
     CLOSE_SLACK,
     NEVER,
@@ -36,6 +35,7 @@ from plait.backend.grammar.json_lexer import JsonLex
 from plait.backend.grammar.jump_forward import Jump, Retokenizer
 from plait.backend.grammar.keys import GrammarKey
 from plait.backend.grammar.layout import COMPACT, COMPACT_SEPARATORS
+from plait.backend.grammar.llg_build import build_llguidance
 from plait.backend.grammar.schema.rewrite import search_pattern
 from plait.backend.grammar.vocab import Vocab, make_encoder
 from plait.backend.model.builtin import resolve_model_path
@@ -110,7 +110,7 @@ def json_matcher(
         if grammar_backend == "xgrammar":
             return xgr_json_matcher(compiler, schema, text)
         key = GrammarKey("json_schema", json.dumps(schema), COMPACT, backend="llguidance")
-        compiled = vocab.llg_compiler.compile(llg_build.build(key).data)
+        compiled = vocab.llg_compiler.compile(build_llguidance(key).data)
         matcher = vocab.llg_compiler.matcher(compiled, stops=[])
         assert feed(matcher, text, completer)
         return matcher
@@ -130,7 +130,7 @@ def regex_matcher(
             matcher: Matcher = xgr.GrammarMatcher(grammar, terminate_without_stop_token=True)
             return matcher
         key = GrammarKey("regex", pattern, backend="llguidance")
-        compiled = vocab.llg_compiler.compile(llg_build.build(key).data)
+        compiled = vocab.llg_compiler.compile(build_llguidance(key).data)
         return vocab.llg_compiler.matcher(compiled, stops=[])
 
     return make

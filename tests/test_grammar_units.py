@@ -15,12 +15,12 @@ import xgrammar as xgr
 from transformers import PreTrainedTokenizerBase
 
 from plait.backend.config import EngineConfig
-from plait.backend.grammar import llg_build
 from plait.backend.grammar.backend import GrammarBackend, make_grammar
 from plait.backend.grammar.compiler import GrammarError, build_grammar, grammar_key
 from plait.backend.grammar.jump_forward import Retokenizer
 from plait.backend.grammar.keys import GrammarKey
 from plait.backend.grammar.layout import DUMPS
+from plait.backend.grammar.llg_build import build_llguidance
 from plait.backend.grammar.regex_fsm import RegexCursor, RegexFSM
 from plait.backend.grammar.schema.rewrite import rewrite_schema, search_pattern
 from plait.backend.grammar.schema.warnings import gap_warnings, schema_gaps
@@ -433,7 +433,7 @@ def test_llguidance_matcher_keeps_the_matcher_contract(tokenizer: PreTrainedToke
     vocab = Vocab(tokenizer=tokenizer, vocab_size=16384)
     compiler = vocab.llg_compiler
     key = GrammarKey("regex", "[0-9]{2}", backend="llguidance")
-    matcher = compiler.matcher(compiler.compile(llg_build.build(key).data), stops=[2])
+    matcher = compiler.matcher(compiler.compile(build_llguidance(key).data), stops=[2])
     (llg_eos,) = compiler.eos
     assert llg_eos != 2
     digit, letter = (tokenizer.encode(t, add_special_tokens=False)[0] for t in ("1", "a"))

@@ -20,7 +20,6 @@ from typing import Any
 
 import xgrammar as xgr
 
-from plait.backend.grammar import llg_build
 from plait.backend.grammar.errors import GrammarError, clean_error
 from plait.backend.grammar.keys import (
     AUTO,
@@ -31,6 +30,7 @@ from plait.backend.grammar.keys import (
     key_backend,
 )
 from plait.backend.grammar.layout import COMPACT_SEPARATORS, resolve_layout, schema_grammar
+from plait.backend.grammar.llg_build import build_llguidance
 from plait.backend.grammar.llg_matcher import LlgCompiler
 from plait.backend.grammar.regex_fsm import RegexFSM
 from plait.backend.grammar.schema.rewrite import rewrite_schema
@@ -124,7 +124,7 @@ def build_grammar(key: GrammarKey) -> BuiltGrammar:
     For `auto`: xgrammar's grammar when it raises no warning, else llguidance's when that
     enforces every keyword (no warning either), else xgrammar's with its warnings."""
     if key.backend == LLGUIDANCE:
-        return llg_build.build(key)
+        return build_llguidance(key)
     if key.backend != AUTO:
         return _xgrammar(key)
     try:
@@ -134,7 +134,7 @@ def build_grammar(key: GrammarKey) -> BuiltGrammar:
     if isinstance(built, BuiltGrammar) and not built.warnings:
         return built
     try:
-        other = llg_build.build(dataclasses.replace(key, backend=LLGUIDANCE))
+        other = build_llguidance(dataclasses.replace(key, backend=LLGUIDANCE))
     except GrammarError:
         if isinstance(built, GrammarError):
             raise built from None

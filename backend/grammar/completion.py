@@ -155,7 +155,7 @@ class Completer:
         self.bytes_of = [token_bytes[t] for t in self.ids]
         self.mask = torch.zeros((1, (len(token_bytes) + 31) // 32), dtype=torch.int32)
         self.bits = self.mask.numpy()[0]
-        self.scratch = torch.zeros_like(self.mask)  # llguidance's state digests
+        self.filled = False  # `mask` holds the state `_key` just identified (llguidance)
         self.max_trials = max_trials
         self.max_seconds = max_seconds
 
@@ -179,6 +179,7 @@ class Completer:
         self, matcher: Matcher, *, text: bytes, lex: JsonLex | None, share: float
     ) -> bytes | None:
         """A* then depth-first, within `share` of the budget."""
+        self.filled = False
         root = _Node(b"", lex)
         root.allowed = self._allowed(matcher, after=text[-1:])
         trials, seconds = self.max_trials * share, self.max_seconds * share
@@ -286,7 +287,8 @@ class Completer:
         """The parser state: xgrammar's items (positions after `base` relative to `end`), or
         the digest of llguidance's mask."""
         if isinstance(matcher, LlgMatcher):
-            return frozenset({matcher.state_digest(self.scratch)})
+            self.filled = True  # the digest's mask serves `_allowed` of the same state
+            return frozenset({matcher.state_digest(self.mask)})
         return frozenset(
             (rule, seq, elem, sub, start if start <= base else start - end - 2)
             for rule, seq, elem, start, sub in parser_items(matcher)
@@ -296,12 +298,15 @@ class Completer:
         """The single-byte tokens the state allows, in search order; `after`: the byte
         before (a digit decides between `0` and `1`, see `_lead`). Where the grammar forces
         bytes, llguidance's mask allows only their canonical token (`,"` rather than `,`):
-        there the forced byte is the one edge."""
+        there the forced byte is the one edge. The searches call it right after `_key` of
+        the same state, whose llguidance mask is reused (`filled`)."""
+        filled, self.filled = self.filled, False
         if isinstance(matcher, LlgMatcher):
             forced = matcher.forced_bytes()[:1]
             if forced and forced[0] in self.byte_tokens:
                 return ((self.byte_tokens[forced[0]], forced),)
-        matcher.fill_next_token_bitmask(self.mask)
+        if not filled:
+            matcher.fill_next_token_bitmask(self.mask)
         keep = np.flatnonzero((self.bits[self.words] >> self.shifts) & 1)
         allowed = tuple((self.ids[i], self.bytes_of[i]) for i in keep.tolist())
         return allowed if after.isdigit() else _lead(allowed)

@@ -48,7 +48,7 @@ _SCHEMA_VALUES = ("items", "additionalItems", "additionalProperties", "not", "if
 _OPEN_OBJECT = ("additionalProperties", "unevaluatedProperties")
 
 
-def build(key: GrammarKey) -> BuiltGrammar:
+def build_llguidance(key: GrammarKey) -> BuiltGrammar:
     """llguidance's grammar of `key`, validated; raises GrammarError naming the problem."""
     grammar, fsm, warnings = _grammar(key)
     failed, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar, limits=LIMITS)

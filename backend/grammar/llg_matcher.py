@@ -17,7 +17,6 @@ copy) against the model's `LLTokenizer`, with `LLParserLimits` that bound each m
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 
 import llguidance as llg
@@ -98,11 +97,14 @@ class LlgMatcher:
         """The bytes every continuation starts with."""
         return b"" if self.terminated else bytes(self.inner.compute_ff_bytes())
 
-    def state_digest(self, scratch: torch.Tensor) -> bytes:
-        """A digest of the whole next-token mask (into `scratch`, one row), standing for the
-        parser state that llguidance does not show (see `completion`)."""
-        self.fill_next_token_bitmask(scratch, 0)
-        return hashlib.blake2b(scratch.numpy().tobytes(), digest_size=16).digest()
+    def state_digest(self, mask: torch.Tensor) -> int:
+        """A hash of llguidance's whole next-token mask (left in `mask`'s row 0, before the
+        stop tokens are set) and whether the grammar may end: it stands for the parser state
+        that llguidance does not show (see `completion`; a collision could only merge two
+        search states, which never makes an answer wrong)."""
+        row = mask[0]
+        self.inner.unsafe_compute_mask_ptr(row.data_ptr(), self.words * 4)
+        return hash((row.numpy().tobytes(), self.is_completed()))
 
     # --- masks --------------------------------------------------------------------------
     def fill_next_token_bitmask(self, mask: torch.Tensor, index: int = 0) -> bool:
