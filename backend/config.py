@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from plait.backend.request.sampling_params import GRAMMAR_BACKENDS
 from plait.backend.speculative.ngram import SpeculativeConfig
 from plait.backend.text.reasoning import REASONING_FORMATS
 
@@ -55,6 +56,10 @@ class EngineConfig:
     `fused_decode`: a decode-only batch on the CPU runs every layer in one C call when the
     model allows it (quantized linear layers, fp32); False always takes the layer-by-layer
     path (tests, debugging).
+    `grammar_backend`: the grammar backend of constrained requests that do not choose one
+    (`SamplingParams.grammar_backend`): `xgrammar`, `llguidance`, or `auto`, which per
+    constraint takes xgrammar unless xgrammar would warn about a keyword and llguidance
+    enforces every keyword (docs/structured.md, "Grammar backends").
     `strict_schemas`: a constraint whose schema uses keywords the grammar cannot enforce
     (the warnings of docs/structured.md) fails its request instead of running with warnings.
     `reasoning_parser`: the reasoning format of the model (`plait.backend.text.reasoning`:
@@ -88,6 +93,7 @@ class EngineConfig:
     grammar_cache_size: int = 256
     grammar_timeout_s: float = 60.0
     grammar_workers: int = 2
+    grammar_backend: str = "auto"
     new_token_ratio: float = 0.5
     min_new_token_ratio: float = 0.1
     new_token_ratio_decay: float = 0.002
@@ -109,6 +115,8 @@ class EngineConfig:
         self._check_parallel()
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {QUANTIZATIONS}")
+        if self.grammar_backend not in GRAMMAR_BACKENDS:
+            raise ValueError(f"grammar_backend must be one of {GRAMMAR_BACKENDS}")
         if self.schedule_policy not in SCHEDULE_POLICIES:
             raise ValueError(f"schedule_policy must be one of {SCHEDULE_POLICIES}")
         if self.page_size < 1:

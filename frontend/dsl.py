@@ -38,11 +38,12 @@ def gen(name: str | None = None, *, dtype: Any = None, **options: Any) -> Gen:
     stop_token_ids, stop_regex, temperature, top_p, top_k, min_p, frequency_penalty,
     presence_penalty, repetition_penalty, logit_bias, ignore_eos, skip_special_tokens,
     no_stop_trim, seed, return_logprobs, top_logprobs, logprob_start_len, any_whitespace,
-    json_layout (dumps (default), compact, spaced, flexible),
-    strict_mode, jump_forward, close_on_length; and at most one constraint: `regex`,
-    `json_schema` (dict, JSON string or pydantic model class), `ebnf`, `choices`,
-    `json_object`, `structural_tag` (tagged sections, e.g. tool calls), or `dtype` (int,
-    float, bool, str: parsed into that type). A value out of range raises ValueError here.
+    json_layout (dumps (default), compact, spaced, flexible), grammar_backend (xgrammar,
+    llguidance, auto), strict_mode, jump_forward, close_on_length; and at most one
+    constraint: `regex`, `json_schema` (dict, JSON string or pydantic model class), `ebnf`,
+    `lark` (llguidance), `choices`, `json_object`, `structural_tag` (tagged sections, e.g.
+    tool calls), or `dtype` (int, float, bool, str: parsed into that type). A value out of
+    range raises ValueError here.
     """
     params = gen_params(options)
     schema_type = None

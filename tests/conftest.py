@@ -29,6 +29,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture(params=["xgrammar", "llguidance"])
+def grammar_backend(request: pytest.FixtureRequest) -> str:
+    """Each grammar backend in turn (tests of what both must do alike)."""
+    return str(request.param)
+
+
 @pytest.fixture(scope="session")
 def smollm2_engine() -> Iterator[Any]:
     """The real model (SmolLM2-135M-Instruct, float32), loaded once for the real-model tier."""

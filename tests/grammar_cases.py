@@ -9,6 +9,7 @@ walker reports account for it exactly.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import datetime
 import json
 import re
@@ -18,12 +19,15 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import llguidance as llg
 import xgrammar as xgr
 
 from plait.backend.grammar.compiler import GrammarError, GrammarKey, clean_error
+from plait.backend.grammar.compiler import build_grammar as build_key
 from plait.backend.grammar.compiler import json_schema_grammar as build_grammar
 from plait.backend.grammar.layout import COMPACT as COMPACT_LAYOUT
-from plait.backend.grammar.layout import FLEXIBLE
+from plait.backend.grammar.layout import DEFAULT_LAYOUT, FLEXIBLE
+from plait.backend.grammar.llg_matcher import LIMITS
 from plait.backend.grammar.schema.rewrite import rewrite_schema
 from plait.backend.grammar.schema.utils import resolve_ref
 from plait.backend.grammar.schema.warnings import SchemaGap
@@ -51,6 +55,7 @@ class CaseResult:
     gaps: list[SchemaGap] = field(default_factory=list)
     accepted_invalid: list[int] = field(default_factory=list)
     rejected_valid: list[int] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
 
 @cache
@@ -267,3 +272,167 @@ def blame(result: CaseResult, index: int, *, checker: StringChecker) -> list[str
         if explain(sub, index, checker=checker):
             single.append(keyword)
     return single or ["+".join(keywords)]
+
+
+# --- llguidance ---------------------------------------------------------------------------
+# The test set's schemas llguidance does not compile, and why (tests/test_grammar_schemas.py).
+LLG_COMPILE_ERRORS = {
+    "Handwritten---notnames10": "are not disjoint",  # overlapping patternProperties
+    "Handwritten---test.NoType": "are not disjoint",
+    "JsonSchemaStore---browser.i18n": "look-around",
+    "JsonSchemaStore---resjson": "circular references with sibling keys are not supported",
+}
+
+
+class _Bytes:
+    """A byte-level token list for llguidance (token i is byte i; 256 is the EOS)."""
+
+    eos_token_id = 256
+    bos_token_id = None
+    tokens = [bytes([i]) for i in range(256)] + [b"<eos>"]
+    special_token_ids = [256]
+
+    def __call__(self, text: str | bytes) -> list[int]:
+        return list(text.encode() if isinstance(text, str) else text)
+
+
+class LlgStringChecker:
+    """llguidance's acceptance of whole strings: its grammars compiled against a byte-level
+    vocabulary, each string fed byte by byte, a mask computed before each byte as the
+    engine does (llguidance consuming bytes without masks can reject a valid byte where its
+    lexer runs out of fuel: a 300-character, 30-word pattern string in the test set)."""
+
+    def __init__(self) -> None:
+        self.tokenizer = llg.LLTokenizer(llg.TokenizerWrapper(_Bytes()))
+
+    def compile(self, grammar: str) -> llg.LLMatcher:
+        matcher = llg.LLMatcher(self.tokenizer, grammar, log_level=0, limits=LIMITS)
+        if matcher.is_error():
+            raise GrammarError(clean_error(ValueError(matcher.get_error())))
+        return matcher
+
+    @staticmethod
+    def prefix(template: llg.LLMatcher, text: str) -> llg.LLMatcher | None:
+        """A matcher after `text`, or None if the grammar rejects a byte of it."""
+        matcher = template.deep_copy()
+        for byte in text.encode():
+            matcher.compute_bitmask()
+            if matcher.try_consume_tokens([byte]) != 1:
+                return None
+        return matcher
+
+    def accepts(self, template: llg.LLMatcher, text: str) -> bool:
+        matcher = self.prefix(template, text)
+        return matcher is not None and bool(matcher.is_accepting())
+
+
+WARNED_KEYWORD = re.compile(r"json_schema keyword '([^']+)' is not enforced")
+
+
+def warned_keywords(warnings: list[str]) -> set[str]:
+    """The keywords that warnings say are not enforced."""
+    return {m.group(1) for w in warnings if (m := WARNED_KEYWORD.match(w))}
+
+
+DATA_KEYWORDS = ("enum", "const", "default", "examples")
+SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+
+def drop_keywords(schema: Any, keywords: set[str]) -> Any:
+    """`schema` (rewritten, as compiled) with every use of `keywords` removed (`oneOf`
+    matched as `anyOf`): what a backend that ignores them enforces."""
+
+    def drop(node: Any) -> Any:
+        if isinstance(node, list):
+            return [drop(item) for item in node]
+        if not isinstance(node, dict):
+            return node
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            if key == "oneOf" and "oneOf" in keywords:
+                out["anyOf"] = drop(value)
+            elif key in keywords:
+                continue
+            elif key in DATA_KEYWORDS:
+                out[key] = value
+            elif key in SCHEMA_MAPS and isinstance(value, dict):
+                out[key] = {name: drop(sub) for name, sub in value.items()}
+            else:
+                out[key] = drop(value)
+        return out
+
+    return drop(rewrite_schema(schema))
+
+
+def llg_prefix(schema: Any, text: str, *, checker: LlgStringChecker) -> bool:
+    """llguidance's grammar of `schema` as the engine builds it (default layout, strict
+    mode) accepts `text` as the beginning of an instance."""
+    key = schema_key(schema, any_whitespace=False, layout=DEFAULT_LAYOUT, strict_mode=True)
+    built = build_key(dataclasses.replace(key, backend="llguidance"))
+    return checker.prefix(checker.compile(built.data), text) is not None
+
+
+def schema_order(schema: Any) -> dict[str, int]:
+    """Property names in the order a schema lists them (every `properties` map and
+    `required` list, in document order): the order llguidance writes them in."""
+    order: dict[str, int] = {}
+
+    def walk(node: Any) -> None:
+        if isinstance(node, list):
+            for item in node:
+                walk(item)
+        elif isinstance(node, dict):
+            names = (
+                list(node.get("properties") or {})
+                if isinstance(node.get("properties"), dict)
+                else []
+            )
+            names += [n for n in node.get("required") or [] if isinstance(n, str)]
+            for name in names:
+                order.setdefault(name, len(order))
+            for key, value in node.items():
+                if key not in DATA_KEYWORDS:
+                    walk(value)
+
+    walk(schema)
+    return order
+
+
+def reordered(value: Any, order: dict[str, int]) -> Any:
+    """`value` with every object's keys in `order` (others after, as they were)."""
+    if isinstance(value, list):
+        return [reordered(item, order) for item in value]
+    if not isinstance(value, dict):
+        return value
+    keys = sorted(value, key=lambda k: order.get(k, len(order)))
+    return {k: reordered(value[k], order) for k in keys}
+
+
+def llg_analyze(case: SchemaCase, checker: LlgStringChecker, *, layout: str) -> CaseResult:
+    """What llguidance's grammar of `case` (as the engine builds it, strict mode off) does
+    with its instances, written in `layout`'s form; a valid instance counts as accepted in
+    its own key order or in the schema's (llguidance has no any-order mode)."""
+    result = CaseResult(case)
+    text = json.dumps(case.schema, separators=COMPACT, ensure_ascii=False)
+    key = GrammarKey("json_schema", text, layout, strict_mode=False, backend="llguidance")
+    try:
+        built = build_key(key)
+        template = checker.compile(built.data)
+    except GrammarError as exc:
+        result.error = str(exc)
+        return result
+    result.warnings = list(built.warnings)
+    order = schema_order(case.schema)
+    for i, (valid, value) in enumerate(case.tests):
+        forms = [value, reordered(value, order)] if valid else [value]
+        accepted = any(checker.accepts(template, write(v, layout)) for v in forms)
+        if accepted != valid:
+            (result.rejected_valid if valid else result.accepted_invalid).append(i)
+    return result
+
+
+def write(value: Any, layout: str) -> str:
+    """`value` as JSON in `layout` (compact, or json.dumps' own separators)."""
+    if layout == COMPACT_LAYOUT:
+        return json.dumps(value, separators=COMPACT, ensure_ascii=False)
+    return json.dumps(value, ensure_ascii=False)

@@ -15,12 +15,17 @@ not check `required`, so it is not used for invalid ones). Per file:
 - `failed`: groups whose schema does not compile (their instances are not counted).
 
 Groups whose `$ref`s point at other documents (the suite's `remotes/`) are skipped.
-`python tests/schema_suite.py` prints the table of docs/structured.md (`--write-expected`
-records the counts `test_grammar_suite.py` asserts).
+`LlgSuiteRunner` measures llguidance the same way (the schema as the engine gives it to
+llguidance, against a byte-level vocabulary; a valid instance counts as accepted in its own
+key order or in the schema's, since llguidance has no any-order mode; `explained`: dropping
+the keywords llguidance's warnings name makes the instance valid).
+`python tests/schema_suite.py` prints the tables of docs/structured.md (`--write-expected`
+records the counts `test_grammar_suite.py` asserts, for both backends).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from collections.abc import Iterator
@@ -29,16 +34,32 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urldefrag, urljoin
 
-from grammar_cases import StringChecker, strip_gaps, validates
+from grammar_cases import (
+    LlgStringChecker,
+    StringChecker,
+    drop_keywords,
+    reordered,
+    schema_order,
+    strip_gaps,
+    validates,
+    warned_keywords,
+    write,
+)
 from referencing.exceptions import Unresolvable
 
-from plait.backend.grammar.compiler import GrammarError, GrammarKey
+from plait.backend.grammar.compiler import GrammarError, GrammarKey, build_grammar
+from plait.backend.grammar.keys import AUTO, LLGUIDANCE
 from plait.backend.grammar.layout import DEFAULT_LAYOUT
 from plait.backend.grammar.schema.warnings import SchemaGap
 
 SUITE_DIR = Path(__file__).parent / "data" / "json-schema-test-suite" / "draft2020-12"
 METASCHEMA = "https://json-schema.org/draft/2020-12/schema"
 EXPECTED = SUITE_DIR.parent / "expected.json"
+EXPECTED_FILES = {
+    "xgrammar": EXPECTED,
+    "llguidance": SUITE_DIR.parent / "expected_llguidance.json",
+    "auto": SUITE_DIR.parent / "expected_auto.json",
+}
 COUNTS = ("accepted", "explained", "warned", "silent", "rejected", "rejected_explained")
 
 
@@ -60,6 +81,7 @@ class FileTally:
     groups: int = 0
     skipped: int = 0
     failed: int = 0
+    llguidance: int = 0  # groups `auto` gave to llguidance
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTS, 0))
 
     def row(self) -> dict[str, int]:
@@ -167,9 +189,87 @@ class SuiteRunner:
             return False
 
 
-def run_suite() -> dict[str, FileTally]:
-    """Per file name, the tally of every group (remote ones skipped)."""
-    runner, out = SuiteRunner(), {}
+class LlgSuiteRunner(SuiteRunner):
+    """The same measure on llguidance's grammars (module docstring)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.llg = LlgStringChecker()
+        self.memo: dict[str, tuple[Any, tuple[str, ...]] | GrammarError] = {}
+
+    def compiled(self, schema: Any) -> tuple[Any, tuple[str, ...]]:
+        """llguidance's template matcher of `schema` and its warnings (GrammarError if it
+        does not compile)."""
+        text = json.dumps(schema, sort_keys=False)
+        if text not in self.memo:
+            key = dataclasses.replace(self.key(schema), backend=LLGUIDANCE)
+            try:
+                built = build_grammar(key)
+                self.memo[text] = (self.llg.compile(built.data), built.warnings)
+            except GrammarError as exc:
+                self.memo[text] = exc
+        found = self.memo[text]
+        if isinstance(found, GrammarError):
+            raise found
+        return found
+
+    def accepts(self, schema: Any, value: Any, *, any_order: bool) -> bool:
+        template, _ = self.compiled(schema)
+        forms = [value, reordered(value, schema_order(schema))] if any_order else [value]
+        return any(self.llg.accepts(template, write(v, DEFAULT_LAYOUT)) for v in forms)
+
+    def run_group(self, group: Group, tally: FileTally) -> None:
+        try:
+            _, warnings = self.compiled(group.schema)
+        except GrammarError:
+            tally.failed += 1
+            return
+        tally.instances += len(group.tests)
+        for valid, value in group.tests:
+            if self.accepts(group.schema, value, any_order=valid) == valid:
+                continue
+            tally.counts["rejected" if valid else "accepted"] += 1
+            if not valid:
+                tally.counts[self.llg_reason(group.schema, warnings, value)] += 1
+
+    @staticmethod
+    def llg_reason(schema: Any, warnings: tuple[str, ...], value: Any) -> str:
+        """explained | warned | silent, for an invalid instance llguidance accepts."""
+        keywords = warned_keywords(list(warnings))
+        if not warnings:
+            return "silent"
+        try:
+            ok = bool(keywords) and validates(drop_keywords(schema, keywords), value)
+        except Unresolvable:
+            ok = False
+        return "explained" if ok else "warned"
+
+
+class AutoSuiteRunner(SuiteRunner):
+    """The same measure for `auto`: each group checked by the backend `auto` picks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.llg = LlgSuiteRunner()
+
+    def run_group(self, group: Group, tally: FileTally) -> None:
+        key = dataclasses.replace(self.key(group.schema), backend=AUTO)
+        try:
+            chosen = build_grammar(key).backend
+        except GrammarError:
+            tally.failed += 1
+            return
+        if chosen == LLGUIDANCE:
+            tally.llguidance += 1
+            self.llg.run_group(group, tally)
+        else:
+            super().run_group(group, tally)
+
+
+def run_suite(runner: SuiteRunner | None = None) -> dict[str, FileTally]:
+    """Per file name, the tally of every group (remote ones skipped), by `runner`
+    (default: xgrammar's)."""
+    runner, out = runner or SuiteRunner(), {}
     for path in suite_files():
         tally = FileTally()
         for group in load_groups(path):
@@ -195,9 +295,44 @@ def markdown_table(tallies: dict[str, FileTally]) -> str:
     return "\n".join(lines)
 
 
+RUNNERS = {"xgrammar": SuiteRunner, "llguidance": LlgSuiteRunner, "auto": AutoSuiteRunner}
+
+
+def comparison_table(by_backend: dict[str, dict[str, FileTally]]) -> str:
+    """Per file with anything wrong on some backend, for each backend: invalid instances
+    accepted (of them with no warning), valid instances rejected, groups not compiled;
+    then the totals of the core and the format files."""
+    names = list(by_backend)
+    head = "| file | instances | " + " | ".join(f"{n}: accepted (silent) / rejected / failed"
+                                               for n in names) + " |"  # fmt: skip
+    lines = [head, "|---|---|" + "---|" * len(names)]
+    files = list(next(iter(by_backend.values())))
+    totals: dict[str, dict[str, FileTally]] = {n: {} for n in names}
+    for name in files:
+        part = "**optional/format**" if "/" in name else "**core files**"
+        for n in names:
+            _add(totals[n].setdefault(part, FileTally()), by_backend[n][name])
+        if any(_wrong(by_backend[n][name]) for n in names):
+            lines.append(_compare_row(name, [by_backend[n][name] for n in names]))
+    for part in ("**core files**", "**optional/format**"):
+        lines.append(_compare_row(part, [totals[n][part] for n in names]))
+    return "\n".join(lines)
+
+
+def _wrong(t: FileTally) -> bool:
+    return bool(t.failed or t.counts["accepted"] or t.counts["rejected"])
+
+
+def _compare_row(name: str, tallies: list[FileTally]) -> str:
+    cells = [f"{t.counts['accepted']} ({t.counts['silent']}) / {t.counts['rejected']} / "
+             f"{t.failed}" for t in tallies]  # fmt: skip
+    return f"| {name} | {max(t.instances for t in tallies)} | " + " | ".join(cells) + " |"
+
+
 def _add(total: FileTally, t: FileTally) -> None:
     total.instances += t.instances
     total.failed += t.failed
+    total.llguidance += t.llguidance
     for k in COUNTS:
         total.counts[k] += t.counts[k]
 
@@ -210,8 +345,12 @@ def _table_row(name: str, t: FileTally) -> str:
 
 
 if __name__ == "__main__":
-    results = run_suite()
-    print(markdown_table(results))
-    rows = {name: t.row() for name, t in results.items()}
+    by_backend = {name: run_suite(runner()) for name, runner in RUNNERS.items()}
+    print(markdown_table(by_backend["xgrammar"]))
+    print(comparison_table(by_backend))
+    auto = by_backend["auto"]
+    print("groups auto gives llguidance:", sum(t.llguidance for t in auto.values()))
     if "--write-expected" in sys.argv:  # after a deliberate change; review the diff
-        EXPECTED.write_text(json.dumps(rows, indent=1) + "\n")
+        for name, path in EXPECTED_FILES.items():
+            rows = {file: t.row() for file, t in by_backend[name].items()}
+            path.write_text(json.dumps(rows, indent=1) + "\n")

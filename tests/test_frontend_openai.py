@@ -10,14 +10,23 @@ import plait
 from plait.clients.base import UnsupportedError
 from plait.clients.openai import to_messages
 
+# uniqueItems: a keyword neither grammar backend enforces, so the server's `auto` keeps
+# xgrammar and its warning
 SCHEMA = {
     "type": "object",
-    "properties": {"city": {"type": "string", "maxLength": 10}},
+    "properties": {
+        "city": {"type": "string", "maxLength": 10},
+        "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+    },
     "required": ["city"],
 }
 WARNING = (
     "json_schema keyword 'maxLength' is enforced more strictly (length-bounded strings cannot "
     "hold escape sequences) at /properties/city"
+)
+UNIQUE = (
+    "json_schema keyword 'uniqueItems' is not enforced (duplicate items are not rejected) at "
+    "/properties/tags"
 )
 
 
@@ -55,10 +64,10 @@ def test_roles_become_chat_messages(backend: plait.OpenAIBackend) -> None:
     assert json.loads(state["record"])["city"] is not None
     assert state["pick"] in ("Paris", "Rome")
     assert state.meta("answer")["usage"]["prompt_tokens"] > 0
-    assert state.meta("record")["warnings"] == [WARNING]
+    assert state.meta("record")["warnings"] == [WARNING, UNIQUE]
     assert state.meta("answer")["warnings"] == []
     streamed = chat.run(backend=backend, temperature=0.7, seed=1, stream=True)
-    assert streamed.meta("record")["warnings"] == [WARNING]
+    assert streamed.meta("record")["warnings"] == [WARNING, UNIQUE]
 
 
 def test_text_without_roles_uses_completions(backend: plait.OpenAIBackend) -> None:
@@ -77,6 +86,13 @@ def test_what_the_api_cannot_do_is_a_clear_error(backend: plait.OpenAIBackend) -
 
     with pytest.raises(plait.ProgramError, match="cannot stop at a regex"):
         stop_at_digit.run(backend=backend)
+
+    @plait.program
+    def with_lark(s):  # type: ignore[no-untyped-def]
+        s += "Code: " + plait.gen("n", max_tokens=8, lark="start: /[0-9]{3}/")
+
+    with pytest.raises(plait.ProgramError, match="cannot constrain output to a Lark grammar"):
+        with_lark.run(backend=backend)
 
 
 def test_streaming_through_openai(backend: plait.OpenAIBackend) -> None:

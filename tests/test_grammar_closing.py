@@ -10,7 +10,7 @@ import json
 import re
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -30,11 +30,14 @@ from plait.backend.grammar.closing import (
     has_duplicate_keys,
 )
 from plait.backend.grammar.completion import Completer, parser_items
+from plait.backend.grammar.hooks import Matcher
 from plait.backend.grammar.json_lexer import JsonLex
 from plait.backend.grammar.jump_forward import Jump, Retokenizer
-from plait.backend.grammar.layout import COMPACT_SEPARATORS
+from plait.backend.grammar.keys import GrammarKey
+from plait.backend.grammar.layout import COMPACT, COMPACT_SEPARATORS
+from plait.backend.grammar.llg_build import build_llguidance
 from plait.backend.grammar.schema.rewrite import search_pattern
-from plait.backend.grammar.xgrammar_backend import make_encoder, tokenizer_info
+from plait.backend.grammar.vocab import Vocab, make_encoder
 from plait.backend.model.builtin import resolve_model_path
 from plait.backend.text.tokenizer import load_tokenizer
 
@@ -58,8 +61,13 @@ def tokenizer() -> PreTrainedTokenizerBase:
 
 
 @pytest.fixture(scope="module")
-def info(tokenizer: PreTrainedTokenizerBase) -> xgr.TokenizerInfo:
-    return tokenizer_info(tokenizer, 16384)
+def vocab(tokenizer: PreTrainedTokenizerBase) -> Vocab:
+    return Vocab(tokenizer=tokenizer, vocab_size=16384)
+
+
+@pytest.fixture(scope="module")
+def info(vocab: Vocab) -> xgr.TokenizerInfo:
+    return vocab.info
 
 
 @pytest.fixture(scope="module")
@@ -72,13 +80,60 @@ def completer(info: xgr.TokenizerInfo) -> Completer:
     return Completer(token_bytes=list(info.decoded_vocab))
 
 
-def json_matcher(compiler: xgr.GrammarCompiler, schema: dict[str, Any], text: str) -> Any:
+MatcherFn = Callable[[dict[str, Any], str], Matcher]
+
+
+def xgr_json_matcher(compiler: xgr.GrammarCompiler, schema: dict[str, Any], text: str) -> Any:
+    """xgrammar's own matcher of `schema` in the compact layout, after `text`."""
     grammar = compiler.compile_json_schema(
         json.dumps(schema), any_whitespace=False, separators=COMPACT_SEPARATORS
     )
     matcher = xgr.GrammarMatcher(grammar, terminate_without_stop_token=True)
     assert matcher.accept_string(text)
     return matcher
+
+
+def feed(matcher: Matcher, data: bytes | str, completer: Completer) -> bool:
+    """Accept `data` one byte token at a time; whether every byte was accepted."""
+    raw = data.encode() if isinstance(data, str) else data
+    return all(matcher.accept_token(completer.byte_tokens[b]) for b in raw)
+
+
+@pytest.fixture
+def json_matcher(
+    compiler: xgr.GrammarCompiler, vocab: Vocab, completer: Completer, grammar_backend: str
+) -> MatcherFn:
+    """`(schema, text) -> matcher` of the backend under test (compact layout), after `text`:
+    xgrammar's own converter, or llguidance's from the schema as plait gives it."""
+
+    def make(schema: dict[str, Any], text: str) -> Matcher:
+        if grammar_backend == "xgrammar":
+            return xgr_json_matcher(compiler, schema, text)
+        key = GrammarKey("json_schema", json.dumps(schema), COMPACT, backend="llguidance")
+        compiled = vocab.llg_compiler.compile(build_llguidance(key).data)
+        matcher = vocab.llg_compiler.matcher(compiled, stops=[])
+        assert feed(matcher, text, completer)
+        return matcher
+
+    return make
+
+
+@pytest.fixture
+def regex_matcher(
+    compiler: xgr.GrammarCompiler, vocab: Vocab, grammar_backend: str
+) -> Callable[[str], Matcher]:
+    """`pattern -> matcher` of the backend under test."""
+
+    def make(pattern: str) -> Matcher:
+        if grammar_backend == "xgrammar":
+            grammar = compiler.compile_regex(pattern)
+            matcher: Matcher = xgr.GrammarMatcher(grammar, terminate_without_stop_token=True)
+            return matcher
+        key = GrammarKey("regex", pattern, backend="llguidance")
+        compiled = vocab.llg_compiler.compile(build_llguidance(key).data)
+        return vocab.llg_compiler.matcher(compiled, stops=[])
+
+    return make
 
 
 def test_a_search_from_a_huge_parser_state_gives_up_at_once(
@@ -88,7 +143,7 @@ def test_a_search_from_a_huge_parser_state_gives_up_at_once(
     limits let through) make a state too large to search: the search returns nothing at once
     instead of stalling the scheduler."""
     schema = {"enum": [f"value number {i} here" for i in range(5000)]}
-    matcher = json_matcher(compiler, schema, '"value')
+    matcher = xgr_json_matcher(compiler, schema, '"value')
     start = time.perf_counter()
     assert completer.complete(matcher, text=b'"value', is_json=True) is None
     assert time.perf_counter() - start < 1.0
@@ -105,6 +160,11 @@ def test_lexer_tracks_containers_strings_and_escapes() -> None:
 
 
 # --- the completion search ----------------------------------------------------------------
+# Where llguidance's search (states told apart by mask digests, not parser items) merges
+# states in another order and finds a longer completion than xgrammar's; still valid.
+LLG_COMPLETIONS = {'{"name":"xyz': '","tags":[""],"age":1000}'}
+
+
 @pytest.mark.parametrize(
     ("schema", "text", "completion"),
     [
@@ -119,16 +179,19 @@ def test_lexer_tracks_containers_strings_and_escapes() -> None:
     ],
 )
 def test_completion_is_short_and_accepted(
-    compiler: xgr.GrammarCompiler,
+    json_matcher: MatcherFn,
     completer: Completer,
+    grammar_backend: str,
     schema: dict[str, Any],
     text: str,
     completion: str,
 ) -> None:
-    matcher = json_matcher(compiler, schema, text)
+    if grammar_backend == "llguidance":
+        completion = LLG_COMPLETIONS.get(text, completion)
+    matcher = json_matcher(schema, text)
     found = completer.complete(matcher, text=text.encode(), is_json=True)
     assert found == completion.encode()
-    assert matcher.accept_string(found) and matcher.is_completed()  # matcher left as it was
+    assert feed(matcher, found, completer) and matcher.is_completed()  # matcher left as it was
     assert validates(schema, json.loads(text + completion))
 
 
@@ -173,7 +236,7 @@ FORMAT_CUTS = [
 
 @pytest.mark.parametrize(("fmt", "written"), FORMAT_CUTS)
 def test_a_format_string_is_closed_with_a_real_value(
-    compiler: xgr.GrammarCompiler, completer: Completer, fmt: str, written: str
+    json_matcher: MatcherFn, completer: Completer, fmt: str, written: str
 ) -> None:
     """Cut inside a string with a format (at its start or inside the value), closing writes
     a value that parses as that format (no year 0000, no `}@1` email, no `000.0.0.0`), and
@@ -185,9 +248,7 @@ def test_a_format_string_is_closed_with_a_real_value(
         "required": ["v", "n"],
     }
     text = f'{{"v":"{written}'
-    found = completer.complete(
-        json_matcher(compiler, schema, text), text=text.encode(), is_json=True
-    )
+    found = completer.complete(json_matcher(schema, text), text=text.encode(), is_json=True)
     assert found is not None
     value = json.loads(text + found.decode())
     assert value["v"].startswith(written) and strictly_valid(fmt, value["v"])
@@ -195,7 +256,7 @@ def test_a_format_string_is_closed_with_a_real_value(
 
 @pytest.mark.parametrize("fmt", ["date", "date-time", "ipv4", "uuid"])
 def test_a_format_string_the_search_opens_is_valid(
-    compiler: xgr.GrammarCompiler, completer: Completer, fmt: str
+    json_matcher: MatcherFn, completer: Completer, fmt: str
 ) -> None:
     """A required string with a format not begun yet: the search writes it, and where a
     number or a year begins it tries `1` before `0` (no year 0000, no leading zeros)."""
@@ -205,25 +266,23 @@ def test_a_format_string_the_search_opens_is_valid(
         "required": ["a", "v"],
     }
     text = '{"a":"x'
-    found = completer.complete(
-        json_matcher(compiler, schema, text), text=text.encode(), is_json=True
-    )
+    found = completer.complete(json_matcher(schema, text), text=text.encode(), is_json=True)
     assert found is not None
     assert strictly_valid(fmt, json.loads(text + found.decode())["v"])
 
 
 def test_a_free_string_is_closed_not_filled_with_a_sample(
-    compiler: xgr.GrammarCompiler, completer: Completer
+    json_matcher: MatcherFn, completer: Completer
 ) -> None:
     schema = {"type": "object", "properties": {"v": {"type": "string"}}, "required": ["v"]}
     found = completer.complete(
-        json_matcher(compiler, schema, '{"v":"2023-0'), text=b'{"v":"2023-0', is_json=True
+        json_matcher(schema, '{"v":"2023-0'), text=b'{"v":"2023-0', is_json=True
     )
     assert found == b'"}'
 
 
 def test_search_counts_a_repetition_whose_parser_items_do_not_change(
-    compiler: xgr.GrammarCompiler, completer: Completer
+    json_matcher: MatcherFn, completer: Completer
 ) -> None:
     """`minLength` is a counted repetition: xgrammar shows the same items after each byte,
     so the bytes written in a row are part of a state's identity."""
@@ -232,49 +291,57 @@ def test_search_counts_a_repetition_whose_parser_items_do_not_change(
         "properties": {"a": {"type": "string", "minLength": 5}, "b": {"type": "integer"}},
         "required": ["a", "b"],
     }
-    matcher = json_matcher(compiler, schema, '{"a":"x')
+    matcher = json_matcher(schema, '{"a":"x')
     found = completer.complete(matcher, text=b'{"a":"x', is_json=True)
     assert found is not None and validates(schema, json.loads(b'{"a":"x' + found))
     assert len(found) == len('xxxx","b":0}')
 
 
 def test_search_finds_a_word_a_pattern_needs_inside_a_free_string(
-    compiler: xgr.GrammarCompiler, completer: Completer
+    json_matcher: MatcherFn,
+    completer: Completer,
+    grammar_backend: str,
+    request: pytest.FixtureRequest,
 ) -> None:
     """A JSON Schema `pattern` is a search: the content must contain the word, which the
-    masks cannot show (every byte stays allowed); the parser state can."""
+    masks cannot show (every byte stays allowed); xgrammar's parser state can. llguidance
+    shows none, and plait-tiny's vocabulary has no token that would reveal the progress in
+    the mask's digest: its search gives up (closing then falls back or leaves the cut)."""
+    if grammar_backend == "llguidance":
+        reason = "llguidance shows no parser state to tell the word's progress by"
+        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
     pattern = search_pattern("maker")
     schema = {"type": "array", "items": {"type": "string", "pattern": pattern}}
-    matcher = json_matcher(compiler, schema, '["x')
+    matcher = json_matcher(schema, '["x')
     assert completer.complete(matcher, text=b'["x', is_json=True) == b'maker"]'
 
 
 def test_complete_states_need_nothing_and_impossible_ones_give_none(
-    compiler: xgr.GrammarCompiler, completer: Completer
+    regex_matcher: Callable[[str], Matcher], completer: Completer
 ) -> None:
-    done = xgr.GrammarMatcher(compiler.compile_regex("[0-9]+"), terminate_without_stop_token=True)
-    assert done.accept_string("12") and completer.complete(done, text=b"12", is_json=False) == b""
-    greek = compiler.compile_regex("[α-ω]+")  # needs a new multi-byte character: not searched
-    matcher = xgr.GrammarMatcher(greek, terminate_without_stop_token=True)
+    done = regex_matcher("[0-9]+")
+    assert feed(done, "12", completer)
+    assert completer.complete(done, text=b"12", is_json=False) == b""
+    matcher = regex_matcher("[α-ω]+")  # needs a new multi-byte character: not searched
     assert completer.complete(matcher, text=b"", is_json=False) is None
     cut = "αβ".encode()[:3]  # cut inside a character: its continuation byte is searched
-    assert matcher.accept_string(cut)
+    assert feed(matcher, cut, completer)
     found = completer.complete(matcher, text=cut, is_json=False)
     assert found is not None and (cut + found).decode() == "αα"  # the lowest byte that fits
 
 
 def test_search_gives_up_within_its_trial_budget(
-    compiler: xgr.GrammarCompiler, info: xgr.TokenizerInfo
+    json_matcher: MatcherFn, info: xgr.TokenizerInfo
 ) -> None:
     small = Completer(token_bytes=list(info.decoded_vocab), max_trials=5)
-    matcher = json_matcher(compiler, PERSON, '{"name":"xyz')
+    matcher = json_matcher(PERSON, '{"name":"xyz')
     assert small.complete(matcher, text=b'{"name":"xyz', is_json=True) is None
 
 
 def test_parser_state_format_is_understood(compiler: xgr.GrammarCompiler) -> None:
     """The search identifies states by the matcher's Earley items; an xgrammar release
     that prints them differently fails here (and the search raises) instead of silently."""
-    matcher = json_matcher(compiler, {"type": "object"}, '{"a":"x')
+    matcher = xgr_json_matcher(compiler, {"type": "object"}, '{"a":"x')
     items = parser_items(matcher)
     assert items and all(len(item) == 5 for item in items)
 
@@ -294,11 +361,11 @@ def step(matcher: Any, output: list[int], ids: list[int]) -> None:
 
 
 def test_closer_looks_when_the_room_halves_and_closes_just_in_time(
-    compiler: xgr.GrammarCompiler, closer: Closer, tokenizer: PreTrainedTokenizerBase
+    json_matcher: MatcherFn, closer: Closer, tokenizer: PreTrainedTokenizerBase
 ) -> None:
     encode = make_encoder(tokenizer)
     output = encode('{"a":[{"b":"x')
-    matcher = json_matcher(compiler, {"type": "object"}, '{"a":[{"b":"x')
+    matcher = json_matcher({"type": "object"}, '{"a":[{"b":"x')
     state = CloseState()
     args: dict[str, Any] = {"output": output, "state": state, "is_json": True, "cut": False}
     assert closer.plan(matcher, room=300, **args) is None and state.next_look == 256
@@ -312,10 +379,10 @@ def test_closer_looks_when_the_room_halves_and_closes_just_in_time(
 
 
 def test_closer_falls_back_to_its_last_look_when_the_model_opens_too_much(
-    compiler: xgr.GrammarCompiler, closer: Closer, tokenizer: PreTrainedTokenizerBase
+    json_matcher: MatcherFn, closer: Closer, tokenizer: PreTrainedTokenizerBase
 ) -> None:
     encode = make_encoder(tokenizer)
-    matcher = json_matcher(compiler, PERSON_LIST, "")
+    matcher = json_matcher(PERSON_LIST, "")
     step(matcher, output := [], encode('[{"name":"x'))
     state = CloseState()
     args: dict[str, Any] = {"output": output, "state": state, "is_json": True}
@@ -332,12 +399,12 @@ def test_closer_falls_back_to_its_last_look_when_the_model_opens_too_much(
 
 
 def test_closer_leaves_complete_output_to_the_model(
-    compiler: xgr.GrammarCompiler, closer: Closer, tokenizer: PreTrainedTokenizerBase
+    regex_matcher: Callable[[str], Matcher], closer: Closer, tokenizer: PreTrainedTokenizerBase
 ) -> None:
     """A complete output is never ended early; if its last token leaves it incomplete,
     that token is taken back."""
     encode = make_encoder(tokenizer)
-    matcher = xgr.GrammarMatcher(compiler.compile_regex("[0-9]+(\\.[0-9]+)?"))
+    matcher = regex_matcher("[0-9]+(\\.[0-9]+)?")
     step(matcher, output := [], encode("12"))
     state = CloseState()
     args: dict[str, Any] = {"output": output, "state": state, "is_json": False, "cut": False}
@@ -351,7 +418,7 @@ def test_closer_leaves_complete_output_to_the_model(
 def test_closer_turns_itself_off_when_the_parser_state_is_unreadable(
     compiler: xgr.GrammarCompiler, closer: Closer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    matcher = json_matcher(compiler, {"type": "object"}, '{"a":"x')
+    matcher = xgr_json_matcher(compiler, {"type": "object"}, '{"a":"x')
     monkeypatch.setattr(xgr.GrammarMatcher, "_debug_print_internal_state", lambda self: "?")
     state = CloseState(next_look=8)
     args: dict[str, Any] = {"output": [], "state": state, "is_json": True, "cut": False}
@@ -366,7 +433,7 @@ def test_a_failing_search_ends_the_looks_and_never_reaches_the_scheduler(
         raise RecursionError("too deep")
 
     monkeypatch.setattr(closer.completer, "complete", boom)
-    matcher = json_matcher(compiler, {"type": "object"}, '{"a":"x')
+    matcher = xgr_json_matcher(compiler, {"type": "object"}, '{"a":"x')
     state = CloseState(next_look=64)
     args: dict[str, Any] = {"output": [], "state": state, "is_json": True, "cut": False}
     assert closer.plan(matcher, room=64, **args) is None and state.next_look == NEVER
@@ -380,9 +447,10 @@ def engine() -> Iterator[Engine]:
         yield eng
 
 
-def test_engine_closes_json_before_the_limit(engine: Engine) -> None:
+def test_engine_closes_json_before_the_limit(engine: Engine, grammar_backend: str) -> None:
     params = [
-        {"max_new_tokens": n, "seed": i, "json_schema": PERSON} for i, n in enumerate([24, 48, 96])
+        {"max_new_tokens": n, "seed": i, "json_schema": PERSON, "grammar_backend": grammar_backend}
+        for i, n in enumerate([24, 48, 96])
     ]
     for p, out in zip(params, engine.generate(["JSON:"] * 3, params), strict=True):
         assert out["finish_reason"] == {"type": "length", "closed": True}
@@ -390,8 +458,9 @@ def test_engine_closes_json_before_the_limit(engine: Engine) -> None:
         assert validates(PERSON, json.loads(out["text"], strict=False))
 
 
-def test_streamed_closed_output_matches_the_whole(engine: Engine) -> None:
+def test_streamed_closed_output_matches_the_whole(engine: Engine, grammar_backend: str) -> None:
     params = {"max_new_tokens": 48, "seed": 1, "json_schema": PERSON}
+    params["grammar_backend"] = grammar_backend
     full = engine.generate("JSON:", params)
     parts = list(engine.generate("JSON:", params, stream=True))
     assert "".join(p["text"] for p in parts) == full["text"]
@@ -400,7 +469,7 @@ def test_streamed_closed_output_matches_the_whole(engine: Engine) -> None:
 
 
 def test_engine_falls_back_when_a_forced_key_takes_the_room(
-    engine: Engine, tokenizer: PreTrainedTokenizerBase
+    engine: Engine, tokenizer: PreTrainedTokenizerBase, grammar_backend: str
 ) -> None:
     """Each new object forces a 49-token key (jump-forward writes it in one step), more than
     the slack between two looks: the closer takes back what was written since its last
@@ -414,10 +483,9 @@ def test_engine_falls_back_when_a_forced_key_takes_the_room(
     bias = {encode(",")[0]: 60.0, encode("0")[0]: 60.0, encode("[")[0]: 60.0}
     bias[encode("]")[0]] = -100.0
     limits = (60, 90, 120, 150, 180, 210)
-    params = [
-        {"max_new_tokens": n, "json_schema": schema, "logit_bias": bias, "temperature": 0.0}
-        for n in limits
-    ]
+    on = {"grammar_backend": grammar_backend, "temperature": 0.0}
+    params = [{"max_new_tokens": n, "json_schema": schema, "logit_bias": bias, **on}
+              for n in limits]  # fmt: skip
     outs = engine.generate(["List:"] * len(limits), params)
     for n, out in zip(limits, outs, strict=True):
         assert out["finish_reason"] == {"type": "length", "closed": True}
@@ -429,29 +497,31 @@ def test_engine_falls_back_when_a_forced_key_takes_the_room(
     assert "".join(p["text"] for p in parts) == outs[2]["text"]  # nothing sent was taken back
 
 
-def test_engine_keeps_every_token_of_an_output_that_stays_complete(engine: Engine) -> None:
+def test_engine_keeps_every_token_of_an_output_that_stays_complete(
+    engine: Engine, grammar_backend: str
+) -> None:
     no_eos = {0: -100.0, 1: -100.0, 2: -100.0, 3: -100.0}
     limits = (2, 5, 8, 20)
-    params = [
-        {"max_new_tokens": n, "regex": "[a-z]+", "seed": 3, "logit_bias": no_eos} for n in limits
-    ]
+    on = {"regex": "[a-z]+", "seed": 3, "logit_bias": no_eos, "grammar_backend": grammar_backend}
+    params = [{"max_new_tokens": n, **on} for n in limits]
     for n, out in zip(limits, engine.generate(["Word:"] * len(limits), params), strict=True):
         assert out["finish_reason"] == {"type": "length"} and len(out["output_ids"]) == n
 
 
-def test_engine_leaves_the_cut_when_closing_is_off(engine: Engine) -> None:
+def test_engine_leaves_the_cut_when_closing_is_off(engine: Engine, grammar_backend: str) -> None:
     params = {"max_new_tokens": 24, "seed": 0, "json_schema": PERSON, "close_on_length": False}
+    params["grammar_backend"] = grammar_backend
     out = engine.generate("JSON:", params)
     assert out["finish_reason"] == {"type": "length"} and len(out["output_ids"]) == 24
     with pytest.raises(json.JSONDecodeError):
         json.loads(out["text"], strict=False)
 
 
-def test_engine_closes_regex_output(engine: Engine) -> None:
+def test_engine_closes_regex_output(engine: Engine, grammar_backend: str) -> None:
     regex = r"[a-z ]{20,}@[a-z]+\.com"
+    on = {"regex": regex, "temperature": 1.0, "grammar_backend": grammar_backend}
     outs = engine.generate(
-        ["Mail:"] * 4,
-        [{"max_new_tokens": 12, "seed": i, "regex": regex, "temperature": 1.0} for i in range(4)],
+        ["Mail:"] * 4, [{"max_new_tokens": 12, "seed": i, **on} for i in range(4)]
     )
     for out in outs:
         assert re.fullmatch(regex, out["text"]), out["text"]

@@ -22,13 +22,18 @@ from typing import Any
 
 import pytest
 from grammar_cases import (
+    LLG_COMPILE_ERRORS,
+    LlgStringChecker,
     SchemaCase,
     StringChecker,
     analyze,
+    drop_keywords,
+    llg_prefix,
     load_cases,
     schema_key,
     strip_gaps,
     validates,
+    warned_keywords,
 )
 from pydantic import BaseModel
 
@@ -54,13 +59,26 @@ def checker() -> StringChecker:
     return StringChecker()
 
 
+@pytest.fixture(scope="module")
+def llg_checker() -> LlgStringChecker:
+    return LlgStringChecker()
+
+
 def sampled(n: int, **params: Any) -> list[dict[str, Any]]:
     return [{"temperature": 1.0, "seed": 1000 + i, **params} for i in range(n)]
 
 
+UNIQUE_WARNING = {
+    "xgrammar": "json_schema keyword 'uniqueItems' is not enforced (duplicate items are not "
+    "rejected) at /",
+    "llguidance": "json_schema keyword 'uniqueItems' is not enforced (llguidance does not "
+    "implement it)",
+}
+
+
 # --- JSON Schema: the whole test set ------------------------------------------------------
 def schema_requests(
-    cases: list[SchemaCase], *, tokens: int, jump: bool, close: bool = True
+    cases: list[SchemaCase], *, tokens: int, jump: bool, close: bool = True, backend: str
 ) -> list[dict[str, Any]]:
     return [
         {
@@ -70,22 +88,29 @@ def schema_requests(
             "json_schema": c.schema,
             "jump_forward": jump,
             "close_on_length": close,
+            "grammar_backend": backend,
         }
         for i, c in enumerate(cases)
     ]
 
 
-def compiled_cases() -> list[SchemaCase]:
-    return [c for c in load_cases() if c.name != "Snowplow---sp_241_Normalized"]
+def compiled_cases(backend: str = "xgrammar") -> list[SchemaCase]:
+    """The test set's schemas `backend` compiles."""
+    refused = LLG_COMPILE_ERRORS if backend == "llguidance" else {"Snowplow---sp_241_Normalized"}
+    return [c for c in load_cases() if c.name not in refused]
 
 
-def verdict(case: SchemaCase, out: dict[str, Any], *, checker: StringChecker) -> str:
+Checkers = tuple[StringChecker, LlgStringChecker]
+
+
+def verdict(case: SchemaCase, out: dict[str, Any], *, checkers: Checkers, backend: str) -> str:
     """valid | closed (valid; completed by the engine at the token limit) | explained (a
     reported keyword) | prefix (cut by length) | a failure note."""
     reason = out["finish_reason"]
     closed = reason["type"] == "length" and reason.get("closed") is True
     if reason["type"] == "length" and not closed:
-        return "prefix" if is_prefix(case, out["text"], checker=checker) else "bad prefix"
+        ok = is_prefix(case, out["text"], checkers=checkers, backend=backend)
+        return "prefix" if ok else "bad prefix"
     if reason["type"] not in ("stop", "length"):
         return f"finish {reason}"
     try:
@@ -94,14 +119,27 @@ def verdict(case: SchemaCase, out: dict[str, Any], *, checker: StringChecker) ->
         return "unparseable"
     if validates(case.schema, value):
         return "closed" if closed else "valid"
-    loose = [g for g in analyze(case, checker).gaps if g.effect == "loose"]
-    ok = loose and validates(strip_gaps(case.schema, loose), value) and out["warnings"]
-    return "explained" if ok else "invalid"
+    return "explained" if explained(case, out, value, checkers=checkers) else "invalid"
 
 
-def is_prefix(case: SchemaCase, text: str, *, checker: StringChecker) -> bool:
+def explained(case: SchemaCase, out: dict[str, Any], value: Any, *, checkers: Checkers) -> bool:
+    """The keywords the output's warnings name account for its invalid value (xgrammar's
+    gaps, or the keywords llguidance ignored)."""
+    if not out["warnings"]:
+        return False
+    keywords = warned_keywords(out["warnings"])
+    if any("llguidance" in w for w in out["warnings"]):
+        return bool(keywords) and validates(drop_keywords(case.schema, keywords), value)
+    loose = [g for g in analyze(case, checkers[0]).gaps if g.effect == "loose"]
+    return bool(loose) and validates(strip_gaps(case.schema, loose), value)
+
+
+def is_prefix(case: SchemaCase, text: str, *, checkers: Checkers, backend: str) -> bool:
     """The engine's grammar (default layout, strict mode unless the schema needs it off)
     accepts `text` as the beginning of an instance."""
+    if backend == "llguidance":
+        return llg_prefix(case.schema, text, checker=checkers[1])
+    checker = checkers[0]
     key = functools.partial(schema_key, case.schema, any_whitespace=False, layout=DEFAULT_LAYOUT)
     try:
         compiled, _ = checker.compile(key(strict_mode=True))
@@ -117,14 +155,14 @@ def run_schemas(
     *,
     tokens: int,
     jumps: tuple[bool, ...],
-    checker: StringChecker,
+    checkers: Checkers,
     close: bool = True,
+    backend: str = "xgrammar",
 ) -> dict[bool, Counter[str]]:
     """Every compiled schema once per jump-forward setting, all in one generate call."""
-    cases = compiled_cases()
-    params = [
-        p for jump in jumps for p in schema_requests(cases, tokens=tokens, jump=jump, close=close)
-    ]
+    cases = compiled_cases(backend)
+    options = {"tokens": tokens, "close": close, "backend": backend}
+    params = [p for jump in jumps for p in schema_requests(cases, jump=jump, **options)]
     prompts = [f"JSON for {c.name}:" for c in cases] * len(jumps)
     start = time.perf_counter()
     outs = engine.generate(prompts, params)
@@ -132,7 +170,8 @@ def run_schemas(
     tally: dict[bool, Counter[str]] = {jump: Counter() for jump in jumps}
     for i, out in enumerate(outs):
         case = cases[i % len(cases)]
-        tally[jumps[i // len(cases)]][verdict(case, out, checker=checker)] += 1
+        found = verdict(case, out, checkers=checkers, backend=backend)
+        tally[jumps[i // len(cases)]][found] += 1
     print({f"jump_forward={k}": dict(v) for k, v in tally.items()})
     return tally
 
@@ -145,9 +184,15 @@ def assert_valid_share(counts: Counter[str], *, at_least: float) -> None:
 
 
 def test_every_schema_gives_valid_output_with_and_without_jump_forward(
-    engine: Engine, checker: StringChecker
+    engine: Engine, checker: StringChecker, llg_checker: LlgStringChecker, grammar_backend: str
 ) -> None:
-    tally = run_schemas(engine, tokens=SCHEMA_TOKENS, jumps=(True, False), checker=checker)
+    """Both backends over the test set (llguidance with jump-forward only: the sweep takes
+    two to three minutes per setting on 2 cores; without jump-forward neither backend's own
+    code runs after a token but the matcher's accept)."""
+    checkers = (checker, llg_checker)
+    options = {"tokens": SCHEMA_TOKENS, "checkers": checkers, "backend": grammar_backend}
+    jumps = (True, False) if grammar_backend == "xgrammar" else (True,)
+    tally = run_schemas(engine, jumps=jumps, **options)
     for counts in tally.values():
         assert_valid_share(counts, at_least=0.85)
 
@@ -161,13 +206,20 @@ def test_every_schema_gives_valid_output_with_and_without_jump_forward(
     ids=["jump_on", "jump_off", "close_off"],
 )
 def test_schema_validity_rate_at_1024_tokens(
-    engine: Engine, checker: StringChecker, jump: bool, close: bool, at_least: float
+    engine: Engine,
+    checker: StringChecker,
+    llg_checker: LlgStringChecker,
+    grammar_backend: str,
+    jump: bool,
+    close: bool,
+    at_least: float,
 ) -> None:
     """The issue's measure: valid outputs over all compiled schemas at max_new_tokens 1024.
     With `close_on_length` (the default) the engine completes the outputs that would be cut;
     without it they stay valid prefixes (plait-tiny writes ~80 tokens per JSON string, see
     docs/structured.md)."""
-    counts = run_schemas(engine, tokens=FULL_TOKENS, jumps=(jump,), checker=checker, close=close)
+    options = {"checkers": (checker, llg_checker), "close": close, "backend": grammar_backend}
+    counts = run_schemas(engine, tokens=FULL_TOKENS, jumps=(jump,), **options)
     assert_valid_share(counts[jump], at_least=at_least)
 
 
@@ -175,40 +227,41 @@ def test_schema_validity_rate_at_1024_tokens(
 @pytest.mark.timeout(3600)
 @pytest.mark.skipif(not SLOW, reason="about 8 minutes on 2 CPU cores; set PLAIT_SLOW_TESTS=1")
 def test_unfinished_outputs_finish_given_more_tokens(
-    engine: Engine, checker: StringChecker
+    engine: Engine, checker: StringChecker, llg_checker: LlgStringChecker
 ) -> None:
     """Without closing and with almost the whole context as the limit, no output is invalid
     and at least 85% are valid (against 75% at 1024 tokens): the cut-offs are plait-tiny's
     length, not the grammar's."""
-    counts = run_schemas(engine, tokens=LONG_TOKENS, jumps=(True,), checker=checker, close=False)[
-        True
-    ]
+    checkers = (checker, llg_checker)
+    options = {"checkers": checkers, "close": False}
+    counts = run_schemas(engine, tokens=LONG_TOKENS, jumps=(True,), **options)[True]
     assert_valid_share(counts, at_least=0.85)
 
 
-def test_warnings_name_unenforced_keywords(engine: Engine) -> None:
+def test_warnings_name_unenforced_keywords(engine: Engine, grammar_backend: str) -> None:
     schema = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True, "maxItems": 3}
-    out = engine.generate("Numbers:", {"max_new_tokens": 32, "seed": 1, "json_schema": schema})
-    assert out["warnings"] == [
-        "json_schema keyword 'uniqueItems' is not enforced (duplicate items are not rejected) at /"
-    ]
+    params = {"max_new_tokens": 32, "seed": 1, "json_schema": schema}
+    out = engine.generate("Numbers:", {**params, "grammar_backend": grammar_backend})
+    assert out["warnings"] == [UNIQUE_WARNING[grammar_backend]]
 
 
-def test_pydantic_model_class_as_schema(engine: Engine) -> None:
+def test_pydantic_model_class_as_schema(engine: Engine, grammar_backend: str) -> None:
     class Person(BaseModel):
         name: str
         age: int
         admin: bool
 
-    outs = engine.generate(["Person:"] * 8, sampled(8, max_new_tokens=128, json_schema=Person))
+    params = sampled(8, max_new_tokens=128, json_schema=Person, grammar_backend=grammar_backend)
+    outs = engine.generate(["Person:"] * 8, params)
     finished = [o for o in outs if o["finish_reason"]["type"] == "stop"]
     assert len(finished) >= 4
     for out in finished:
         Person.model_validate(json.loads(out["text"], strict=False))
 
 
-def test_json_object_gives_an_object(engine: Engine) -> None:
-    outs = engine.generate(["Object:"] * 8, sampled(8, max_new_tokens=128, json_object=True))
+def test_json_object_gives_an_object(engine: Engine, grammar_backend: str) -> None:
+    params = sampled(8, max_new_tokens=128, json_object=True, grammar_backend=grammar_backend)
+    outs = engine.generate(["Object:"] * 8, params)
     for out in outs:
         reason = out["finish_reason"]
         if reason["type"] == "stop" or reason == {"type": "length", "closed": True}:
@@ -217,15 +270,16 @@ def test_json_object_gives_an_object(engine: Engine) -> None:
             assert reason == {"type": "length"} and out["text"].startswith("{")
 
 
-def test_length_inside_an_unfinished_structure_is_reported_as_length(engine: Engine) -> None:
+def test_length_inside_an_unfinished_structure_is_reported_as_length(
+    engine: Engine, grammar_backend: str
+) -> None:
     schema = {
         "type": "object",
         "properties": {"a": {"type": "string"}, "b": {"type": "string"}},
         "required": ["a", "b"],
     }
-    params = sampled(
-        4, max_new_tokens=5, json_schema=schema, close_on_length=False, json_layout="compact"
-    )
+    params = sampled(4, max_new_tokens=5, json_schema=schema, close_on_length=False,
+                     json_layout="compact", grammar_backend=grammar_backend)  # fmt: skip
     outs = engine.generate(["Cut:"] * 4, params)
     for out in outs:
         assert out["finish_reason"] == {"type": "length"}
@@ -248,22 +302,14 @@ FIXED_TEXT = '{"first_name":"Ada","last_name":"Lovelace","born":1815}'
 COMPACT_JSON = {"json_layout": "compact"}  # every byte forced: jump-forward's whole output
 
 
-def test_jump_forward_appends_forced_text_without_sampling(engine: Engine) -> None:
+def test_jump_forward_appends_forced_text_without_sampling(
+    engine: Engine, grammar_backend: str
+) -> None:
+    fixed = {"json_schema": FIXED, **COMPACT_JSON, "grammar_backend": grammar_backend}
     before = engine.stats().generated_tokens
-    on = engine.generate(
-        "Who?", {"max_new_tokens": 64, "seed": 3, "json_schema": FIXED, **COMPACT_JSON}
-    )
+    on = engine.generate("Who?", {"max_new_tokens": 64, "seed": 3, **fixed})
     sampled_on = engine.stats().generated_tokens - before
-    off = engine.generate(
-        "Who?",
-        {
-            "max_new_tokens": 64,
-            "seed": 3,
-            "json_schema": FIXED,
-            "jump_forward": False,
-            **COMPACT_JSON,
-        },
-    )
+    off = engine.generate("Who?", {"max_new_tokens": 64, "seed": 3, "jump_forward": False, **fixed})
     sampled_off = engine.stats().generated_tokens - before - sampled_on
     assert on["text"] == off["text"] == FIXED_TEXT
     assert on["finish_reason"]["type"] == off["finish_reason"]["type"] == "stop"
@@ -272,8 +318,8 @@ def test_jump_forward_appends_forced_text_without_sampling(engine: Engine) -> No
     assert on["output_ids"][1:-1] == canonical[1:]  # all but the sampled '{' and the EOS
 
 
-def test_jump_forward_off_engine_wide() -> None:
-    with tiny_engine(enable_jump_forward=False) as eng:
+def test_jump_forward_off_engine_wide(grammar_backend: str) -> None:
+    with tiny_engine(enable_jump_forward=False, grammar_backend=grammar_backend) as eng:
         before = eng.stats().generated_tokens
         out = eng.generate(
             "Who?", {"max_new_tokens": 64, "seed": 3, "json_schema": FIXED, **COMPACT_JSON}
@@ -317,10 +363,11 @@ REGEXES = [
 ]
 
 
-def test_regex_outputs_fullmatch(engine: Engine) -> None:
+def test_regex_outputs_fullmatch(engine: Engine, grammar_backend: str) -> None:
     assert len(REGEXES) == 30
+    on = {"max_new_tokens": 128, "temperature": 1.0, "grammar_backend": grammar_backend}
     params: list[dict[str, Any]] = [
-        {"max_new_tokens": 128, "temperature": 1.0, "seed": i, "regex": rx, "jump_forward": jf}
+        {"seed": i, "regex": rx, "jump_forward": jf, **on}
         for jf in (True, False)
         for i, rx in enumerate(REGEXES)
     ]
@@ -354,38 +401,54 @@ def evaluate(node: ast.AST) -> int:
     raise ValueError(f"unexpected node {ast.dump(node)}")
 
 
-def test_ebnf_arithmetic_outputs_evaluate(engine: Engine) -> None:
-    outs = engine.generate(["Sum:"] * 24, sampled(24, max_new_tokens=128, ebnf=ARITHMETIC))
+def test_ebnf_arithmetic_outputs_evaluate(engine: Engine, grammar_backend: str) -> None:
+    params = sampled(24, max_new_tokens=128, ebnf=ARITHMETIC, grammar_backend=grammar_backend)
+    outs = engine.generate(["Sum:"] * 24, params)
     for out in outs:
         assert out["finish_reason"]["type"] == "stop", out
         tree = ast.parse(out["text"], mode="eval")
         assert evaluate(tree) == eval(compile(tree, "<grammar>", "eval"))  # noqa: S307
 
 
-def test_choices_output_is_one_of_them(engine: Engine) -> None:
+def test_choices_output_is_one_of_them(engine: Engine, grammar_backend: str) -> None:
     choices = ["yes", "no", "maybe so", "naïve café", "🙂 emoji", "x"]
-    outs = engine.generate(["Pick:"] * 24, sampled(24, max_new_tokens=16, choices=choices))
+    params = sampled(24, max_new_tokens=16, choices=choices, grammar_backend=grammar_backend)
+    outs = engine.generate(["Pick:"] * 24, params)
     assert all(o["text"] in choices and o["finish_reason"]["type"] == "stop" for o in outs)
     assert len({o["text"] for o in outs}) >= 3
 
 
 # --- errors and mixed batches ----------------------------------------------------------------
-def test_invalid_constraints_fail_alone(engine: Engine) -> None:
-    bad: list[tuple[dict[str, Any], str]] = [
+INVALID = {
+    "xgrammar": [
         ({"json_schema": {"type": "foo"}}, 'invalid json_schema: Unsupported type "foo"'),
-        ({"json_schema": "{oops"}, "json_schema is not valid JSON"),
         (
             {"regex": "(a|b"},
             "invalid regex: Regex parsing error at position 5: The parenthesis is not closed",
         ),
         ({"ebnf": "root ::= [0-9"}, "invalid ebnf: EBNF lexer error at line 1, column 14"),
+    ],
+    "llguidance": [
+        ({"json_schema": {"type": "foo"}}, "invalid json_schema: Invalid type: foo"),
+        ({"regex": "(a|b"}, "regex parse error: error: unclosed group"),
+        ({"ebnf": "root ::= [0-9"}, "invalid ebnf: Unexpected end of input at line 1"),
+        ({"lark": "start: foo"}, 'invalid lark: at 1(8): unknown name: "foo"'),
+    ],
+}
+
+
+def test_invalid_constraints_fail_alone(engine: Engine, grammar_backend: str) -> None:
+    bad: list[tuple[dict[str, Any], str]] = [
+        *INVALID[grammar_backend],
+        ({"json_schema": "{oops"}, "json_schema is not valid JSON"),
         ({"regex": "a", "choices": ["a"]}, "at most one constraint"),
     ]
     good: list[dict[str, Any]] = [{"regex": r"\d{3}", "seed": 1}, {"seed": 2}]
+    on = {"max_new_tokens": 8, "grammar_backend": grammar_backend}
 
     async def main() -> list[Any]:
-        jobs = [engine.async_generate("x", {"max_new_tokens": 8, **p}) for p, _ in bad]
-        jobs += [engine.async_generate("x", {"max_new_tokens": 8, **p}) for p in good]
+        jobs = [engine.async_generate("x", {**on, **p}) for p, _ in bad]
+        jobs += [engine.async_generate("x", {**on, **p}) for p in good]
         return await asyncio.gather(*jobs, return_exceptions=True)
 
     results = asyncio.run(main())
@@ -397,9 +460,13 @@ def test_invalid_constraints_fail_alone(engine: Engine) -> None:
 
 
 def test_mixed_batch_leaves_unconstrained_rows_untouched(engine: Engine) -> None:
+    """Unconstrained rows beside constrained rows of both backends in one batch."""
     plain = sampled(6, max_new_tokens=24, ignore_eos=True)
     alone = engine.generate([f"Plain {i}" for i in range(6)], plain)
-    constrained = sampled(6, max_new_tokens=24, regex=r"[a-z]{3,20}")
+    constrained = [
+        {**p, "grammar_backend": ("xgrammar", "llguidance")[i % 2]}
+        for i, p in enumerate(sampled(6, max_new_tokens=24, regex=r"[a-z]{3,20}"))
+    ]
     mixed = engine.generate(
         [f"Plain {i}" for i in range(6)] + ["Constrained"] * 6, plain + constrained
     )
@@ -408,7 +475,7 @@ def test_mixed_batch_leaves_unconstrained_rows_untouched(engine: Engine) -> None
 
 
 def test_streamed_increments_are_never_taken_back_by_retokenization(
-    engine: Engine, monkeypatch: pytest.MonkeyPatch
+    engine: Engine, monkeypatch: pytest.MonkeyPatch, grammar_backend: str
 ) -> None:
     schema = {"type": "array", "items": {"enum": ["alpha_beta_gamma", "alpha_delta", "omega"]},
               "minItems": 3, "maxItems": 3}  # fmt: skip
@@ -423,6 +490,7 @@ def test_streamed_increments_are_never_taken_back_by_retokenization(
     monkeypatch.setattr(retokenizer, "plan", counting_plan)
     for seed in range(6):  # a limit far from the output's length: nothing is held back
         params = {"max_new_tokens": 160, "seed": seed, "json_schema": schema}
+        params["grammar_backend"] = grammar_backend
         full = engine.generate("Greek:", params)
         parts = list(engine.generate("Greek:", params, stream=True))
         assert all("rollback" not in part for part in parts)
@@ -432,7 +500,10 @@ def test_streamed_increments_are_never_taken_back_by_retokenization(
     assert any(retokenized)  # the jumps did replace sampled tokens
 
 
-def test_min_new_tokens_cannot_push_past_the_grammar_end(engine: Engine) -> None:
-    outs = engine.generate(["Pick:"] * 4, sampled(4, max_new_tokens=16, min_new_tokens=8,
-                                                  choices=["yes", "no"]))  # fmt: skip
+def test_min_new_tokens_cannot_push_past_the_grammar_end(
+    engine: Engine, grammar_backend: str
+) -> None:
+    params = sampled(4, max_new_tokens=16, min_new_tokens=8, choices=["yes", "no"],
+                     grammar_backend=grammar_backend)  # fmt: skip
+    outs = engine.generate(["Pick:"] * 4, params)
     assert all(o["text"] in ("yes", "no") and o["finish_reason"]["type"] == "stop" for o in outs)

@@ -1,4 +1,5 @@
-"""JSON layouts: which whitespace each allows between tokens, and that none allows runs."""
+"""JSON layouts: which whitespace each allows between tokens, and that none allows runs, on
+both grammar backends."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ import json
 
 import pytest
 import xgrammar as xgr
+from grammar_cases import LlgStringChecker
 
-from plait.backend.grammar.compiler import GrammarKey, grammar_key
+from plait.backend.grammar.compiler import GrammarKey, build_grammar, grammar_key
 from plait.backend.grammar.layout import (
     COMPACT,
     DEFAULT_LAYOUT,
@@ -32,7 +34,13 @@ VALUE = {"name": "Ann", "tags": [1, 2], "home": {"city": "Oslo"}}
 COMPILER = xgr.GrammarCompiler(xgr.TokenizerInfo([]), cache_enabled=False)
 
 
-def accepts(layout: str, text: str) -> bool:
+LLG = LlgStringChecker()
+
+
+def accepts(layout: str, text: str, backend: str = "xgrammar") -> bool:
+    if backend == "llguidance":
+        key = GrammarKey("json_schema", json.dumps(SCHEMA), layout, backend="llguidance")
+        return LLG.accepts(LLG.compile(build_grammar(key).data), text)
     grammar = COMPILER.compile_grammar(schema_grammar(json.dumps(SCHEMA), layout=layout))
     matcher = xgr.GrammarMatcher(grammar, terminate_without_stop_token=True)
     return bool(matcher.accept_string(text)) and bool(matcher.is_terminated())
@@ -52,9 +60,11 @@ LOOSE = '{ "name" : "Ann" , "tags" : [ 1 , 2 ] , "home" : { "city" : "Oslo" } }'
         (FLEXIBLE, {COMPACT_TEXT, SPACED_TEXT, LOOSE, INDENTED}),
     ],
 )
-def test_each_layout_accepts_its_styles(layout: str, allowed: set[str]) -> None:
+def test_each_layout_accepts_its_styles(
+    layout: str, allowed: set[str], grammar_backend: str
+) -> None:
     for text in (COMPACT_TEXT, SPACED_TEXT, LOOSE, INDENTED):
-        assert accepts(layout, text) == (text in allowed), (layout, text)
+        assert accepts(layout, text, grammar_backend) == (text in allowed), (layout, text)
 
 
 @pytest.mark.parametrize("layout", [COMPACT, SPACED, FLEXIBLE])
@@ -69,13 +79,14 @@ def test_each_layout_accepts_its_styles(layout: str, allowed: set[str]) -> None:
         '{"name":"Ann","tags":[1,2],"home":{"city":"Oslo"}\n' + " " * (MAX_INDENT + 1) + "}",
     ],
 )
-def test_no_layout_allows_a_run_of_padding(layout: str, padded: str) -> None:
-    assert not accepts(layout, padded)
+def test_no_layout_allows_a_run_of_padding(layout: str, padded: str, grammar_backend: str) -> None:
+    assert not accepts(layout, padded, grammar_backend)
 
 
-def test_indentation_up_to_the_limit_is_allowed() -> None:
+def test_indentation_up_to_the_limit_is_allowed(grammar_backend: str) -> None:
     deep = '{"name":"Ann","tags":[1,2],"home":{"city":"Oslo"\n' + " " * MAX_INDENT + "}}"
-    assert accepts(FLEXIBLE, deep) and not accepts(SPACED, deep)
+    assert accepts(FLEXIBLE, deep, grammar_backend)
+    assert not accepts(SPACED, deep, grammar_backend)
 
 
 def test_the_request_options_choose_the_layout() -> None:

@@ -11,8 +11,22 @@ import json
 from collections import Counter
 
 import pytest
-from grammar_cases import CaseResult, StringChecker, analyze, blame, explain, load_cases, validates
+from grammar_cases import (
+    LLG_COMPILE_ERRORS,
+    CaseResult,
+    LlgStringChecker,
+    StringChecker,
+    analyze,
+    blame,
+    drop_keywords,
+    explain,
+    llg_analyze,
+    load_cases,
+    validates,
+    warned_keywords,
+)
 
+from plait.backend.grammar.layout import COMPACT
 from plait.backend.grammar.schema.rewrite import rewrite_schema
 
 EXPECTED_COMPILE_ERRORS = {
@@ -87,3 +101,35 @@ def test_warnings_name_the_unenforced_keywords(results: list[CaseResult]) -> Non
         if r.accepted_invalid:
             warnings = gap_warnings([g for g in r.gaps if g.effect == "loose"])
             assert warnings and all(w.startswith("json_schema keyword '") for w in warnings)
+
+
+# --- llguidance -----------------------------------------------------------------------------
+LLG_ACCEPTED_INVALID = 8  # each explained by a warning (below); as they stand
+LLG_REJECTED_VALID = 17
+
+
+@pytest.fixture(scope="module")
+def llg_results() -> list[CaseResult]:
+    checker = LlgStringChecker()
+    return [llg_analyze(case, checker, layout=COMPACT) for case in load_cases()]
+
+
+def test_llguidance_fails_only_on_known_schemas(llg_results: list[CaseResult]) -> None:
+    errors = {r.case.name: r.error for r in llg_results if r.error is not None}
+    assert set(errors) == set(LLG_COMPILE_ERRORS)
+    for name, fragment in LLG_COMPILE_ERRORS.items():
+        assert fragment in str(errors[name])
+
+
+def test_llguidance_accepts_an_invalid_instance_only_where_a_warning_explains_it(
+    llg_results: list[CaseResult],
+) -> None:
+    """Every invalid instance llguidance's grammar accepts is valid once the keywords its
+    warnings name are dropped; none is accepted without a warning."""
+    accepted = [(r, i) for r in llg_results for i in r.accepted_invalid]
+    for result, i in accepted:
+        keywords = warned_keywords(result.warnings)
+        value = result.case.tests[i][1]
+        assert keywords and validates(drop_keywords(result.case.schema, keywords), value)
+    assert len(accepted) == LLG_ACCEPTED_INVALID
+    assert sum(len(r.rejected_valid) for r in llg_results) == LLG_REJECTED_VALID

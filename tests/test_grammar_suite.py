@@ -16,9 +16,12 @@ import pytest
 from grammar_cases import validates
 from schema_suite import (
     EXPECTED,
+    EXPECTED_FILES,
+    RUNNERS,
     SUITE_DIR,
     FileTally,
     Group,
+    LlgSuiteRunner,
     SuiteRunner,
     is_remote,
     load_groups,
@@ -26,6 +29,7 @@ from schema_suite import (
     suite_files,
 )
 
+from plait.backend.grammar.errors import GrammarError
 from plait.backend.grammar.schema.rewrite import rewrite_schema
 
 MAX_RUN_S = 60.0
@@ -57,6 +61,51 @@ def test_the_run_is_fast(timed_run: tuple[dict[str, FileTally], float]) -> None:
     """CPU seconds of the whole run (wall time on a shared machine measures the neighbours)."""
     _, seconds = timed_run
     assert seconds < MAX_RUN_S
+
+
+@pytest.mark.parametrize("backend", ["llguidance", "auto"])
+def test_the_other_backends_counts_are_as_recorded(backend: str) -> None:
+    """llguidance's counts, and `auto`'s (each group checked by the backend it picks), per
+    file as recorded (`expected_llguidance.json`, `expected_auto.json`); neither accepts an
+    invalid instance without a warning, and `auto` accepts fewer invalid instances than
+    either backend alone and compiles more groups (docs/structured.md)."""
+    tallies = run_suite(RUNNERS[backend]())
+    got = {name: t.row() for name, t in tallies.items()}
+    assert got == json.loads(EXPECTED_FILES[backend].read_text())
+    assert sum(t.counts["silent"] for t in tallies.values()) == 0
+
+
+def test_llguidance_without_warnings_accepts_no_invalid_instance() -> None:
+    """`auto`'s premise: where llguidance compiles a schema without a warning, its grammar
+    accepts no invalid instance of the suite (185 groups as measured)."""
+    runner, clean, accepted = LlgSuiteRunner(), 0, []
+    for path in suite_files():
+        for group in load_groups(path):
+            if is_remote(group.schema) or not _compiles_cleanly(runner, group):
+                continue
+            clean += 1
+            for valid, value in group.tests:
+                if not valid and runner.accepts(group.schema, value, any_order=False):
+                    accepted.append((group.file, group.description, value))
+    assert accepted == [] and clean == 185
+
+
+def _compiles_cleanly(runner: LlgSuiteRunner, group: Group) -> bool:
+    try:
+        return not runner.compiled(group.schema)[1]
+    except GrammarError:
+        return False
+
+
+def test_auto_beats_each_backend_on_the_core_files() -> None:
+    totals = {}
+    for backend in ("xgrammar", "llguidance", "auto"):
+        rows = json.loads(EXPECTED_FILES[backend].read_text())
+        core = [row for name, row in rows.items() if "/" not in name]
+        totals[backend] = {k: sum(r.get(k, 0) for r in core) for k in ("accepted", "failed")}
+    for other in ("xgrammar", "llguidance"):
+        assert totals["auto"]["accepted"] < totals[other]["accepted"]
+        assert totals["auto"]["failed"] < totals[other]["failed"]
 
 
 def test_rewrite_keeps_every_verdict() -> None:

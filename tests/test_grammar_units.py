@@ -15,11 +15,16 @@ import xgrammar as xgr
 from transformers import PreTrainedTokenizerBase
 
 from plait.backend.config import EngineConfig
+from plait.backend.grammar.backend import GrammarBackend, make_grammar
+from plait.backend.grammar.compiler import GrammarError, build_grammar, grammar_key
 from plait.backend.grammar.jump_forward import Retokenizer
+from plait.backend.grammar.keys import GrammarKey
+from plait.backend.grammar.layout import DUMPS
+from plait.backend.grammar.llg_build import build_llguidance
 from plait.backend.grammar.regex_fsm import RegexCursor, RegexFSM
 from plait.backend.grammar.schema.rewrite import rewrite_schema, search_pattern
 from plait.backend.grammar.schema.warnings import gap_warnings, schema_gaps
-from plait.backend.grammar.xgrammar_backend import XGrammarBackend, make_grammar
+from plait.backend.grammar.vocab import Vocab
 from plait.backend.model.builtin import resolve_model_path
 from plait.backend.request.req import Req
 from plait.backend.request.sampling_params import SamplingParams
@@ -200,9 +205,9 @@ def tokenizer() -> PreTrainedTokenizerBase:
 
 
 @contextmanager
-def backend(tokenizer: PreTrainedTokenizerBase, **config: Any) -> Iterator[XGrammarBackend]:
+def backend(tokenizer: PreTrainedTokenizerBase, **config: Any) -> Iterator[GrammarBackend]:
     hooks = make_grammar(EngineConfig(**config), tokenizer, 16384)
-    assert isinstance(hooks, XGrammarBackend)
+    assert isinstance(hooks, GrammarBackend)
     try:
         yield hooks
     finally:
@@ -210,7 +215,7 @@ def backend(tokenizer: PreTrainedTokenizerBase, **config: Any) -> Iterator[XGram
 
 
 @pytest.fixture(scope="module")
-def shared(tokenizer: PreTrainedTokenizerBase) -> Iterator[XGrammarBackend]:
+def shared(tokenizer: PreTrainedTokenizerBase) -> Iterator[GrammarBackend]:
     """A backend with the default config (compile workers started once for the module)."""
     with backend(tokenizer) as hooks:
         yield hooks
@@ -221,7 +226,7 @@ def request(rid: str, **params: object) -> Req:
     return Req(rid=rid, input_ids=[5, 6, 7], params=sp, eos_ids=EOS)
 
 
-def wait_ready(hooks: XGrammarBackend, reqs: Sequence[Req]) -> tuple[list[Req], list[Req]]:
+def wait_ready(hooks: GrammarBackend, reqs: Sequence[Req]) -> tuple[list[Req], list[Req]]:
     ready: list[Req] = []
     failed: list[Req] = []
     deadline = time.monotonic() + 120  # the first compile waits for the workers to start
@@ -232,16 +237,17 @@ def wait_ready(hooks: XGrammarBackend, reqs: Sequence[Req]) -> tuple[list[Req], 
     return ready, failed
 
 
-def test_same_constraint_compiles_once(shared: XGrammarBackend) -> None:
+def test_same_constraint_compiles_once(shared: GrammarBackend, grammar_backend: str) -> None:
     hooks = shared
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
-    reqs = [request(f"r{i}", json_schema=schema) for i in range(3)]
+    reqs = [request(f"r{i}", json_schema=schema, grammar_backend=grammar_backend) for i in range(3)]
     for req in reqs:
         hooks.submit(req)
     ready, failed = wait_ready(hooks, reqs)
     assert failed == [] and len(ready) == 3
     assert len({id(r.grammar.compiled) for r in ready}) == 1
-    again = request("r3", json_schema=json.dumps(schema, indent=2))
+    assert ready[0].grammar.compiled.backend == grammar_backend
+    again = request("r3", json_schema=json.dumps(schema, indent=2), grammar_backend=grammar_backend)
     hooks.submit(again)
     assert wait_ready(hooks, [again])[0][0].grammar.compiled is ready[0].grammar.compiled
 
@@ -255,33 +261,50 @@ def test_cache_is_bounded(tokenizer: PreTrainedTokenizerBase) -> None:
         assert len(hooks.cache.entries) == 2
 
 
-def test_errors_name_the_problem_and_stay_with_their_request(shared: XGrammarBackend) -> None:
+ERRORS = {
+    "xgrammar": {
+        "schema": 'invalid json_schema: Unsupported type "foo"',
+        "regex": "invalid regex: Regex parsing error at position 4",
+        "ebnf": "invalid ebnf: EBNF parser error at line 1, column 10: "
+        'Rule "missing" is not defined',
+    },
+    "llguidance": {
+        "schema": "invalid json_schema: Invalid type: foo",
+        "regex": 'invalid regex: at 1(8): invalid regex "[a-" (in regex): regex parse error:',
+        "ebnf": "invalid ebnf: Rule 'missing' not found",
+    },
+}
+
+
+def test_errors_name_the_problem_and_stay_with_their_request(
+    shared: GrammarBackend, grammar_backend: str
+) -> None:
     hooks = shared
+    on = {"grammar_backend": grammar_backend}
     bad = {
-        "schema": request("a", json_schema='{"type": "foo"}'),
-        "json": request("b", json_schema="{not json"),
-        "regex": request("c", regex="[a-"),
-        "ebnf": request("d", ebnf="root ::= missing"),
+        "schema": request("a", json_schema='{"type": "foo"}', **on),
+        "json": request("b", json_schema="{not json", **on),
+        "regex": request("c", regex="[a-", **on),
+        "ebnf": request("d", ebnf="root ::= missing", **on),
     }
-    good = request("e", regex="[0-9]+")
+    good = request("e", regex="[0-9]+", **on)
     for req in [*bad.values(), good]:
         hooks.submit(req)
     ready, failed = wait_ready(hooks, [*bad.values(), good])
     assert ready == [good] and set(failed) == set(bad.values())
     messages = {k: str(r.finished.message) for k, r in bad.items() if r.finished is not None}
-    assert messages["schema"] == 'invalid json_schema: Unsupported type "foo"'
+    expected = ERRORS[grammar_backend]
+    assert messages["schema"] == expected["schema"]
     assert messages["json"].startswith("json_schema is not valid JSON")
-    assert messages["regex"].startswith("invalid regex: Regex parsing error at position 4")
-    assert (
-        messages["ebnf"]
-        == 'invalid ebnf: EBNF parser error at line 1, column 10: Rule "missing" is not defined'
-    )
+    assert messages["regex"].startswith(expected["regex"])
+    assert messages["ebnf"] == expected["ebnf"]
 
 
 def test_a_compile_past_its_deadline_is_killed_and_queued_jobs_time_out_too(
-    tokenizer: PreTrainedTokenizerBase,
+    tokenizer: PreTrainedTokenizerBase, grammar_backend: str
 ) -> None:
-    with backend(tokenizer, grammar_timeout_s=0.5, grammar_workers=1) as hooks:
+    config = {"grammar_timeout_s": 0.5, "grammar_workers": 1, "grammar_backend": grammar_backend}
+    with backend(tokenizer, **config) as hooks:
         pool = hooks.cache.pool
         hooks.warm_up()
         assert wait_for(lambda: pool.ready() == 1, 120)
@@ -323,10 +346,11 @@ def pid_alive(pid: int) -> bool:
 
 
 def test_masks_allow_exactly_the_grammar(
-    tokenizer: PreTrainedTokenizerBase, shared: XGrammarBackend
+    tokenizer: PreTrainedTokenizerBase, shared: GrammarBackend, grammar_backend: str
 ) -> None:
     hooks = shared
-    plain, digits = request("p"), request("d", regex="[0-9]{3}")
+    plain = request("p")
+    digits = request("d", regex="[0-9]{3}", grammar_backend=grammar_backend)
     hooks.submit(digits)
     wait_ready(hooks, [digits])
     mask = hooks.begin_fill([plain, digits])()
@@ -345,10 +369,11 @@ PERSON = {
 
 
 def test_jump_forward_appends_canonical_tokens_and_keeps_the_matcher_in_step(
-    tokenizer: PreTrainedTokenizerBase, shared: XGrammarBackend
+    tokenizer: PreTrainedTokenizerBase, shared: GrammarBackend, grammar_backend: str
 ) -> None:
     hooks = shared
-    req = request("j", json_schema=PERSON, json_layout="compact")  # every gap forced
+    on = {"json_layout": "compact", "grammar_backend": grammar_backend}  # every gap forced
+    req = request("j", json_schema=PERSON, **on)
     hooks.submit(req)
     wait_ready(hooks, [req])
     brace = tokenizer.encode("{", add_special_tokens=False)
@@ -361,5 +386,66 @@ def test_jump_forward_appends_canonical_tokens_and_keeps_the_matcher_in_step(
     assert req.output_ids == tokenizer.encode(text, add_special_tokens=False)
     # the tokens a later jump may retokenize are held back from streaming
     assert req.hold_from == len(req.output_ids) - (hooks.rewriter.retokenizer.window - 1)
-    assert req.grammar.matcher.accept_string('{"name":"x","age":1}'[len(text) :])
+    rest = tokenizer.encode('{"name":"x","age":1}'[len(text) :], add_special_tokens=False)
+    assert all(req.grammar.accept(token) for token in rest)
     assert req.grammar.matcher.is_completed()
+
+
+# --- choosing the backend ---------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("schema", "chosen"),
+    [
+        ({"type": "object", "properties": {"a": {"type": "integer"}}}, "xgrammar"),  # no warning
+        ({"type": "number", "multipleOf": 0.5}, "llguidance"),  # xgrammar warns, llg enforces
+        ({"type": "string", "pattern": "\\p{Letter}+"}, "llguidance"),  # xgrammar refuses it
+        ({"type": "array", "uniqueItems": True}, "xgrammar"),  # both warn: xgrammar's warning
+        ({"type": "string", "format": "hostname"}, "xgrammar"),  # both loose (llg: warned)
+    ],
+)
+def test_auto_takes_the_backend_that_enforces_every_keyword(schema: Any, chosen: str) -> None:
+    key = GrammarKey("json_schema", json.dumps(schema), DUMPS, strict_mode=True, backend="auto")
+    built = build_grammar(key)
+    assert built.backend == chosen
+    assert bool(built.warnings) == ("uniqueItems" in schema or "format" in schema)
+
+
+def test_the_engine_and_request_options_are_checked() -> None:
+    with pytest.raises(ValueError, match="grammar_backend"):
+        EngineConfig(grammar_backend="outlines")
+    params = SamplingParams.from_dict({"lark": 'start: "a"'})
+    assert grammar_key(params, backend="auto").backend == "llguidance"
+    assert grammar_key(SamplingParams.from_dict({"regex": "a"}), backend="auto").backend == (
+        "xgrammar"
+    )
+    with pytest.raises(GrammarError, match="xgrammar does not take Lark grammars"):
+        grammar_key(params, backend="xgrammar")
+
+
+# --- llguidance behind xgrammar's matcher calls -------------------------------------------------
+def bit(mask: torch.Tensor, token: int) -> bool:
+    return bool((int(mask[0, token >> 5]) >> (token & 31)) & 1)
+
+
+def test_llguidance_matcher_keeps_the_matcher_contract(tokenizer: PreTrainedTokenizerBase) -> None:
+    """A rejected token changes nothing (llguidance alone would enter an error state); the
+    request's stop tokens, not llguidance's EOS, end the output and only where the grammar
+    may end; rollback crosses the stop; forks are independent."""
+    vocab = Vocab(tokenizer=tokenizer, vocab_size=16384)
+    compiler = vocab.llg_compiler
+    key = GrammarKey("regex", "[0-9]{2}", backend="llguidance")
+    matcher = compiler.matcher(compiler.compile(build_llguidance(key).data), stops=[2])
+    (llg_eos,) = compiler.eos
+    assert llg_eos != 2
+    digit, letter = (tokenizer.encode(t, add_special_tokens=False)[0] for t in ("1", "a"))
+    mask = torch.zeros((1, 512), dtype=torch.int32)
+    assert not matcher.accept_token(letter) and matcher.accept_token(digit)
+    matcher.fill_next_token_bitmask(mask, 0)
+    assert bit(mask, digit) and not bit(mask, 2) and not matcher.accept_token(2)
+    assert matcher.accept_token(digit) and matcher.is_completed()
+    matcher.fill_next_token_bitmask(mask, 0)
+    assert bit(mask, 2) and not bit(mask, llg_eos) and not bit(mask, digit)
+    assert matcher.accept_token(2) and matcher.is_terminated()
+    fork = matcher.fork()
+    matcher.rollback(2)
+    assert not matcher.is_terminated() and fork.is_terminated()
+    assert matcher.accept_token(digit) and not matcher.accept_token(digit)

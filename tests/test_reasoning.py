@@ -19,7 +19,7 @@ from transformers import PreTrainedTokenizerBase
 from helpers import tiny_engine
 from plait.backend.engine.engine import Engine
 from plait.backend.grammar.reasoning_gate import GateEdit, ReasoningGate
-from plait.backend.grammar.xgrammar_backend import make_encoder
+from plait.backend.grammar.vocab import make_encoder
 from plait.backend.text.reasoning import (
     REASONING_FORMATS,
     ReasoningSplitter,
@@ -156,8 +156,11 @@ def feed(hooks: Any, req: Any, tokens: list[int]) -> list[Any]:
 
 def test_the_grammar_waits_for_the_end_of_the_reasoning(
     tokenizer: PreTrainedTokenizerBase,  # noqa: F811
+    grammar_backend: str,
 ) -> None:
-    with backend(tokenizer, reasoning_parser="qwen3", grammar_workers=1) as hooks:
+    with backend(
+        tokenizer, reasoning_parser="qwen3", grammar_workers=1, grammar_backend=grammar_backend
+    ) as hooks:
         req = request("r", json_schema=SCHEMA)
         hooks.submit(req)
         assert wait_ready(hooks, [req])[0] == [req]
@@ -178,11 +181,14 @@ def test_the_grammar_waits_for_the_end_of_the_reasoning(
 
 def test_drafts_are_refused_inside_the_reasoning_and_walked_after_it(
     tokenizer: PreTrainedTokenizerBase,  # noqa: F811
+    grammar_backend: str,
 ) -> None:
     """A draft the JSON grammar would accept gets no masks while the reasoning is open (they
     would force JSON onto free reasoning tokens), and is walked once the reasoning closed."""
     draft = tokenizer.encode('{"name', add_special_tokens=False)
-    with backend(tokenizer, reasoning_parser="qwen3", grammar_workers=1) as hooks:
+    with backend(
+        tokenizer, reasoning_parser="qwen3", grammar_workers=1, grammar_backend=grammar_backend
+    ) as hooks:
         req = request("r", json_schema=SCHEMA)
         hooks.submit(req)
         assert wait_ready(hooks, [req])[0] == [req]
@@ -199,9 +205,12 @@ def test_drafts_are_refused_inside_the_reasoning_and_walked_after_it(
 
 def test_a_closed_reasoning_in_the_prompt_applies_the_grammar_at_once(
     tokenizer: PreTrainedTokenizerBase,  # noqa: F811
+    grammar_backend: str,
 ) -> None:
     closed = tokenizer.encode("<think>\n\n</think>\n\n", add_special_tokens=False)
-    with backend(tokenizer, reasoning_parser="qwen3", grammar_workers=1) as hooks:
+    with backend(
+        tokenizer, reasoning_parser="qwen3", grammar_workers=1, grammar_backend=grammar_backend
+    ) as hooks:
         req = request("r", json_schema=SCHEMA)
         req.origin_input_ids = closed
         off = request("off", json_schema=SCHEMA, reasoning=False)
@@ -237,20 +246,25 @@ def answer(text: str) -> Any:
     return value
 
 
-def test_the_reasoning_is_free_and_the_answer_is_valid_json(engine: Engine) -> None:
+def test_the_reasoning_is_free_and_the_answer_is_valid_json(
+    engine: Engine, grammar_backend: str
+) -> None:
     for prompt in ("Q: <think>\n", "Q:"):  # opened by the template, or not at all
-        out = engine.generate(prompt, params())
+        out = engine.generate(prompt, params(grammar_backend=grammar_backend))
         reasoning, sep, rest = out["text"].partition("</think>")
         assert (reasoning, sep) == ("aaaaa", "</think>")
         answer(rest)
         assert out["finish_reason"]["type"] in ("stop", "length")
 
 
-def test_thinking_switched_off_applies_the_grammar_from_the_first_token(engine: Engine) -> None:
-    out = engine.generate("Q: <think>\n\n</think>\n\n", params())
+def test_thinking_switched_off_applies_the_grammar_from_the_first_token(
+    engine: Engine, grammar_backend: str
+) -> None:
+    on = {"grammar_backend": grammar_backend}
+    out = engine.generate("Q: <think>\n\n</think>\n\n", params(**on))
     assert out["text"].startswith('{"name": "')
     answer(out["text"])
-    off = engine.generate("Q: <think>\n", params(reasoning=False))
+    off = engine.generate("Q: <think>\n", params(reasoning=False, **on))
     assert off["text"].startswith('{"name": "')
     answer(off["text"])
 
@@ -264,22 +278,30 @@ def test_without_a_parser_the_grammar_applies_from_the_first_token() -> None:
         answer(asked["text"].partition("</think>")[2])
 
 
-def test_the_marker_is_not_written_past_max_new_tokens(engine: Engine) -> None:
-    out = engine.generate("Q: <think>\n", params(max_new_tokens=7))  # 5 + a 4-token marker
+def test_the_marker_is_not_written_past_max_new_tokens(
+    engine: Engine, grammar_backend: str
+) -> None:
+    limit = params(max_new_tokens=7, grammar_backend=grammar_backend)  # 5 + a 4-token marker
+    out = engine.generate("Q: <think>\n", limit)
     assert out["text"] == "a" * 7
     assert len(out["output_ids"]) == 7 and out["finish_reason"]["type"] == "length"
 
 
-def test_speculative_drafts_change_nothing_inside_or_after_the_reasoning(engine: Engine) -> None:
+@pytest.fixture(scope="module")
+def drafting() -> Iterator[Engine]:
+    with tiny_engine(reasoning_parser="deepseek-r1", speculative_draft_tokens=4) as eng:
+        yield eng
+
+
+def test_speculative_drafts_change_nothing_inside_or_after_the_reasoning(
+    engine: Engine, drafting: Engine, grammar_backend: str
+) -> None:
     """Drafting is off inside the reasoning (the grammar's masks must not reach it) and on
     after it; greedy outputs equal those of an engine that never drafts."""
     free = {"json_schema": json.dumps(SCHEMA), "max_new_tokens": 40, "temperature": 0,
-            "max_reasoning_tokens": 12}  # fmt: skip
+            "max_reasoning_tokens": 12, "grammar_backend": grammar_backend}  # fmt: skip
     prompts = ["Q: <think>\n" + "b a b a b a " * 4, "Q: <think>\n\n</think>\n\n", "Q:"]
-    with tiny_engine(reasoning_parser="deepseek-r1", speculative_draft_tokens=4) as spec:
-        for prompt in prompts:
-            want, got = engine.generate(prompt, free), spec.generate(prompt, free)
-            assert got["output_ids"] == want["output_ids"], prompt
-            answer(
-                got["text"].rpartition("</think>")[2] if "</think>" in got["text"] else got["text"]
-            )
+    for prompt in prompts:
+        want, got = engine.generate(prompt, free), drafting.generate(prompt, free)
+        assert got["output_ids"] == want["output_ids"], prompt
+        answer(got["text"].rpartition("</think>")[2] if "</think>" in got["text"] else got["text"])

@@ -40,6 +40,10 @@ HOSTILE = [
     ({"stop": ["x"] * 1000}, "stop"),
     ({"max_new_tokens": True}, "max_new_tokens"),
     ({"top_k": 1.5}, "top_k"),
+    ({"grammar_backend": "outlines"}, "grammar_backend"),
+    ({"grammar_backend": 1}, "grammar_backend"),
+    ({"lark": 'start: "a"', "grammar_backend": "xgrammar"}, "grammar_backend"),
+    ({"lark": "x" * 70_000}, "lark"),
 ]
 
 

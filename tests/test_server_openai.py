@@ -415,3 +415,23 @@ def test_a_chat_prompt_that_fills_the_context_is_a_400(plait_server: Runtime) ->
     body = {"model": MODEL, "messages": [{"role": "user", "content": word}]}
     r = httpx.post(plait_server.url + "/v1/chat/completions", json=body, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages", r.text
+
+
+def test_a_request_picks_its_grammar_backend_and_bad_choices_are_a_400(
+    plait_server: Runtime,
+) -> None:
+    url = plait_server.url + "/v1/completions"
+    base = {"model": MODEL, "prompt": "Digits:", "max_tokens": 24, "temperature": 0}
+    fmt = {"type": "json_schema", "json_schema": {"name": "d", "schema": DIGITS}}
+    for backend in ("xgrammar", "llguidance", "auto"):
+        r = httpx.post(url, json={**base, "response_format": fmt, "grammar_backend": backend},
+                       timeout=60)  # fmt: skip
+        assert r.status_code == 200, r.text
+        values = json.loads(r.json()["choices"][0]["text"])
+        assert len(values) <= 3 and all(0 <= v <= 9 for v in values)
+    lark = {**base, "lark": 'start: "n=" /[0-9]{2}/'}
+    r = httpx.post(url, json=lark, timeout=60)
+    assert r.status_code == 200 and re.fullmatch("n=[0-9]{2}", r.json()["choices"][0]["text"])
+    for bad in ({"grammar_backend": "outlines"}, {**lark, "grammar_backend": "xgrammar"}):
+        r = httpx.post(url, json={**base, **bad}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "grammar_backend", r.text

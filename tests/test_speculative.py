@@ -89,25 +89,32 @@ def test_stop_strings_and_stop_ids_inside_drafts(engines: dict[str, Engine]) -> 
 
 
 @pytest.mark.parametrize("jump_forward", [True, False])
-def test_json_schema_outputs_are_identical(engines: dict[str, Engine], jump_forward: bool) -> None:
+def test_json_schema_outputs_are_identical(
+    engines: dict[str, Engine], jump_forward: bool, grammar_backend: str
+) -> None:
     if engines[0].config.quantization == "int4":
         pytest.skip("the real-model test covers constrained drafts on the fused path")
-    params = greedy(40, json_schema=SCHEMA, jump_forward=jump_forward)
+    params = greedy(
+        40, json_schema=SCHEMA, jump_forward=jump_forward, grammar_backend=grammar_backend
+    )
     run_all(engines, [JSON_PROMPT, COPY + JSON_PROMPT], params)
     for limit in (3, 7, 11):  # closed at the limit, inside drafts
         run_all(engines, [JSON_PROMPT], {**params, "max_new_tokens": limit})
 
 
 def test_a_mixed_batch(engines: dict[str, Engine]) -> None:
-    """Speculating requests beside sampling, penalized, logprob and constrained ones."""
+    """Speculating requests beside sampling, penalized, logprob and constrained ones (one
+    constrained request per grammar backend)."""
     prompts = [PROMPTS[0], PROMPTS[0], PROMPTS[1], PROMPTS[0], JSON_PROMPT, PROMPTS[1]]
+    prompts.append(JSON_PROMPT)
     params = [
         greedy(30),
         {"max_new_tokens": 30, "temperature": 0.8, "seed": 7},
         greedy(30, frequency_penalty=0.5),
         greedy(30, return_logprob=True, top_logprobs_num=2),
-        greedy(30, json_schema=SCHEMA),
+        greedy(30, json_schema=SCHEMA, grammar_backend="xgrammar"),
         greedy(30, min_new_tokens=20, stop=["two"]),
+        greedy(30, json_schema=SCHEMA, grammar_backend="llguidance"),
     ]
     results = run_all(engines, prompts, params)
     assert results[1][0]["usage"]["spec_draft_tokens"] > 0

@@ -32,8 +32,9 @@ def speculating() -> Iterator[Engine]:
         yield eng
 
 
-def extraction_requests() -> tuple[list[list[int]], list[dict[str, Any]]]:
-    """Two labeled documents of two schemas as chat prompts, plus an unconstrained copy."""
+def extraction_requests(backend: str) -> tuple[list[list[int]], list[dict[str, Any]]]:
+    """Two labeled documents of two schemas as chat prompts (`backend`'s grammars), plus an
+    unconstrained copy."""
     from plait.backend.model.builtin import resolve_model_path
     from plait.backend.text.tokenizer import load_tokenizer
 
@@ -45,7 +46,8 @@ def extraction_requests() -> tuple[list[list[int]], list[dict[str, Any]]]:
             doc = json.loads(line)
             text = f"{doc['instruction']}\n\n{doc['doc']}"
             prompts.append(text)
-            params.append({"temperature": 0.0, "max_new_tokens": 96, "json_schema": schema})
+            params.append({"temperature": 0.0, "max_new_tokens": 96, "json_schema": schema,
+                           "grammar_backend": backend})  # fmt: skip
     prompts.append("Repeat this sentence exactly: The red fox met 3 owls at 7:45 in Lisbon.")
     params.append({"temperature": 0.0, "max_new_tokens": 40})
     ids = []
@@ -57,8 +59,10 @@ def extraction_requests() -> tuple[list[list[int]], list[dict[str, Any]]]:
     return ids, params
 
 
-def test_extraction_is_identical_with_drafts(smollm2_engine: Engine, speculating: Engine) -> None:
-    ids, params = extraction_requests()
+def test_extraction_is_identical_with_drafts(
+    smollm2_engine: Engine, speculating: Engine, grammar_backend: str
+) -> None:
+    ids, params = extraction_requests(grammar_backend)
     pairs = zip(ids, params, strict=True)
     alone = [speculating.generate(input_ids=i, sampling_params=p) for i, p in pairs]
     batched = speculating.generate(input_ids=ids, sampling_params=params)

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from grammar_cases import validates
+import xgrammar as xgr
+from grammar_cases import LlgStringChecker, validates
 
 import plait
 from helpers import tiny_engine
 from plait.backend.engine.engine import Engine, GenerationError
+from plait.backend.grammar.compiler import build_grammar
+from plait.backend.grammar.keys import GrammarKey
+from plait.backend.grammar.layout import COMPACT
 from plait.backend.grammar.structural_tag import (
     StructuralTagError,
     expand_json_schemas,
@@ -80,16 +85,31 @@ def engine() -> Iterator[Engine]:
         yield eng
 
 
-def run(engine: Engine, tag: dict[str, Any], n: int, tokens: int = 128) -> list[dict[str, Any]]:
-    params = [
-        {"max_new_tokens": tokens, "temperature": 1.0, "seed": i, "structural_tag": tag}
-        for i in range(n)
-    ]
+def run(
+    engine: Engine, tag: dict[str, Any], n: int, *, backend: str, tokens: int = 128
+) -> list[dict[str, Any]]:
+    on = {"structural_tag": tag, "grammar_backend": backend}
+    params = [{"max_new_tokens": tokens, "temperature": 1.0, "seed": i, **on} for i in range(n)]
     return engine.generate(["Tool call:"] * n, params)
 
 
-def test_sequence_gives_the_exact_structure_with_valid_json(engine: Engine) -> None:
-    outs = run(engine, SEQUENCE, 8)
+WEATHER_WARNINGS = {
+    "xgrammar": [
+        "json_schema keyword 'maxLength' is enforced more strictly (length-bounded strings "
+        "cannot hold escape sequences) at /properties/city",
+        "json_schema keyword 'uniqueItems' is not enforced (duplicate items are not "
+        "rejected) at /properties/tags",
+    ],
+    "llguidance": [
+        "json_schema keyword 'uniqueItems' is not enforced (llguidance does not implement it)"
+    ],
+}
+
+
+def test_sequence_gives_the_exact_structure_with_valid_json(
+    engine: Engine, grammar_backend: str
+) -> None:
+    outs = run(engine, SEQUENCE, 8, backend=grammar_backend)
     assert all(o["finish_reason"]["type"] == "stop" for o in outs)
     for out in outs:
         m = re.fullmatch(r"Calling: <call>(.*)</call>", out["text"], re.S)
@@ -98,16 +118,11 @@ def test_sequence_gives_the_exact_structure_with_valid_json(engine: Engine) -> N
         outside_strings = re.sub(r'"(?:[^"\\]|\\.)*"', '""', m.group(1))
         # the default layout, like a json_schema constraint: at most one space per gap
         assert not re.search(r"\s\s|[\n\t\r]", outside_strings)
-        assert out["warnings"] == [
-            "json_schema keyword 'maxLength' is enforced more strictly (length-bounded strings "
-            "cannot hold escape sequences) at /properties/city",
-            "json_schema keyword 'uniqueItems' is not enforced (duplicate items are not "
-            "rejected) at /properties/tags",
-        ]
+        assert out["warnings"] == WEATHER_WARNINGS[grammar_backend]
 
 
-def test_triggered_tags_dispatch_to_each_tag_content(engine: Engine) -> None:
-    outs = run(engine, TRIGGERED, 8)
+def test_triggered_tags_dispatch_to_each_tag_content(engine: Engine, grammar_backend: str) -> None:
+    outs = run(engine, TRIGGERED, 8, backend=grammar_backend)
     kinds = set()
     for out in outs:
         assert out["finish_reason"]["type"] == "stop", out
@@ -122,9 +137,9 @@ def test_triggered_tags_dispatch_to_each_tag_content(engine: Engine) -> None:
     assert kinds  # at_least_one: every output holds a tag
 
 
-def test_legacy_structures_and_triggers(engine: Engine) -> None:
+def test_legacy_structures_and_triggers(engine: Engine, grammar_backend: str) -> None:
     calls = 0
-    for out in run(engine, LEGACY, 6, tokens=96):
+    for out in run(engine, LEGACY, 6, backend=grammar_backend, tokens=96):
         text = out["text"]
         for body in re.findall(r"\(weather (\{.*?\})\)", text, re.S):
             assert validates(strip_unique(WEATHER), json.loads(body, strict=False))
@@ -147,9 +162,12 @@ def test_legacy_structures_and_triggers(engine: Engine) -> None:
         ({"type": "structural_tag"}, "needs a 'format' object"),
     ],
 )
-def test_bad_tags_fail_only_their_request(engine: Engine, tag: Any, message: str) -> None:
+def test_bad_tags_fail_only_their_request(
+    engine: Engine, grammar_backend: str, tag: Any, message: str
+) -> None:
+    on = {"structural_tag": tag, "grammar_backend": grammar_backend}
     with pytest.raises(GenerationError, match=message):
-        engine.generate("x", {"max_new_tokens": 4, "structural_tag": tag})
+        engine.generate("x", {"max_new_tokens": 4, **on})
     assert (
         engine.generate("x", {"max_new_tokens": 2, "ignore_eos": True})["usage"][
             "completion_tokens"
@@ -163,12 +181,13 @@ def test_one_constraint_at_most(engine: Engine) -> None:
         engine.generate("x", {"regex": "a", "structural_tag": SEQUENCE})
 
 
-def test_a_program_can_ask_for_a_tool_call(engine: Engine) -> None:
+def test_a_program_can_ask_for_a_tool_call(engine: Engine, grammar_backend: str) -> None:
     @plait.program
     def agent(s):  # type: ignore[no-untyped-def]
         s += "Weather today? " + plait.gen("call", structural_tag=SEQUENCE, max_tokens=128)
 
-    state = agent.run(backend=plait.LocalBackend(engine=engine), temperature=1.0, seed=3)
+    local = plait.LocalBackend(engine=engine)
+    state = agent.run(backend=local, temperature=1.0, seed=3, grammar_backend=grammar_backend)
     assert re.fullmatch(r"Calling: <call>\{.*\}</call>", state["call"], re.S)
     assert state.text() == "Weather today? " + state["call"]
 
@@ -209,3 +228,87 @@ def strip_unique(schema: dict[str, Any]) -> dict[str, Any]:
     out = json.loads(json.dumps(schema))
     out["properties"]["tags"].pop("uniqueItems")
     return out
+
+
+# --- llguidance's Lark against xgrammar, string by string -----------------------------------
+DIGIT_TAG = {"type": "tag", "begin": "<f=c>", "content": {"type": "regex", "pattern": "[0-9]"},
+             "end": "</f>"}  # fmt: skip
+TRIGGER_TEXTS = ["", "abc", "<f=c>1</f>", "abc<f=c>1</f>", "<f=c>1</f>xyz", "<f=c>1</f>x<f=c>2</f>",
+                 "<f=c>1</f><f=c>2</f>", "ab<f=x", "<f=c>12</f>"]  # fmt: skip
+SEPARATED_TAGS = [
+    {
+        "type": "tag",
+        "begin": "<a>",
+        "content": {"type": "regex", "pattern": "[0-9]"},
+        "end": "</a>",
+    },
+    {"type": "tag", "begin": "<b>", "content": {"type": "any_text"}, "end": ["</b>", "</c>"]},
+]
+SEPARATED_TEXTS = ["", "<a>1</a>", "<a>1</a>,<b>x</b>", "<a>1</a><b>x</b>", "x<a>1</a>",
+                   "<a>1</a>,", "<b>hi</c>,<a>2</a>", "<b>h</b>i</b>"]  # fmt: skip
+SEQUENCE_FORMAT = {"type": "sequence", "elements": [
+    {"type": "const_string", "value": "Call: "},
+    {"type": "or", "elements": [SEPARATED_TAGS[1], {"type": "regex", "pattern": "[0-9]{2}"}]},
+    {"type": "optional", "content": {"type": "const_string", "value": "!"}},
+    {"type": "repeat", "min": 0, "max": 2, "content": {"type": "const_string", "value": "ab"}},
+]}  # fmt: skip
+SEQUENCE_TEXTS = ["Call: <b>hi</b>", "Call: <b>hi</c>!", "Call: 42", "Call: 42!abab",
+                  "Call: 42ababab", "Call: <b>h</b>i</b>", "Call: 4", "Call:42"]  # fmt: skip
+ONE_INTEGER = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+JSON_TAG = {"type": "tag", "begin": "<j>", "end": "</j>",
+            "content": {"type": "json_schema", "json_schema": ONE_INTEGER}}  # fmt: skip
+JSON_TEXTS = ['<j>{"a":1}</j>', '<j>{"a":"x"}</j>', '<j>{"a":1,"b":2}</j>', '<j>{ "a":1}</j>',
+              "<j>{}</j>"]  # fmt: skip
+SHAPES = [
+    *[
+        (
+            {
+                "type": "triggered_tags",
+                "triggers": ["<f="],
+                "tags": [DIGIT_TAG],
+                "at_least_one": one,
+                "stop_after_first": first,
+            },
+            TRIGGER_TEXTS,
+        )  # fmt: skip
+        for one in (False, True)
+        for first in (False, True)
+    ],
+    *[
+        (
+            {
+                "type": "tags_with_separator",
+                "tags": SEPARATED_TAGS,
+                "separator": ",",
+                "at_least_one": one,
+                "stop_after_first": first,
+            },
+            SEPARATED_TEXTS,
+        )  # fmt: skip
+        for one in (False, True)
+        for first in (False, True)
+    ],
+    (SEQUENCE_FORMAT, SEQUENCE_TEXTS),
+    (JSON_TAG, JSON_TEXTS),
+]
+
+
+@pytest.mark.parametrize(("fmt", "texts"), SHAPES)
+def test_llguidance_accepts_what_xgrammar_accepts(fmt: dict[str, Any], texts: list[str]) -> None:
+    """Each tag shape built for both backends (plait's own builds, compact layout) decides
+    every string alike; the strings include accepted and rejected ones for each shape."""
+    text = normalize_structural_tag({"type": "structural_tag", "format": fmt})
+    key = GrammarKey("structural_tag", text, COMPACT, strict_mode=True)
+    xgr_built = build_grammar(key)
+    compiler = xgr.GrammarCompiler(xgr.TokenizerInfo([]), cache_enabled=False)
+    grammar = compiler.compile_grammar(xgr.Grammar.deserialize_json(xgr_built.data))
+    checker = LlgStringChecker()
+    llg_built = build_grammar(dataclasses.replace(key, backend="llguidance"))
+    template = checker.compile(llg_built.data)
+    verdicts = []
+    for sample in texts:
+        matcher = xgr.GrammarMatcher(grammar, terminate_without_stop_token=True)
+        want = bool(matcher.accept_string(sample)) and bool(matcher.is_terminated())
+        assert checker.accepts(template, sample) == want, sample
+        verdicts.append(want)
+    assert any(verdicts) and not all(verdicts)

@@ -9,10 +9,10 @@ import httpx
 import openai
 import pytest
 import xgrammar as xgr
-from grammar_cases import validates
+from grammar_cases import LlgStringChecker, validates
 from server_helpers import MODEL
 
-from plait.backend.grammar.compiler import compile_key, grammar_key
+from plait.backend.grammar.compiler import build_grammar, grammar_key
 from plait.backend.request.sampling_params import SamplingParams
 from plait.backend.server.protocol import ApiError, ChatCompletionRequest
 from plait.backend.server.tool_calls import (
@@ -124,13 +124,18 @@ def test_prompt_lists_the_tools_and_rewrites_earlier_calls() -> None:
     assert native[1]["tool_calls"][0]["function"]["arguments"] == {"zone": "UTC"}
 
 
-def accepts(plan_fields: dict[str, Any], text: str) -> bool:
-    """Whether the request's tool constraint accepts `text` as a whole output."""
+def accepts(plan_fields: dict[str, Any], text: str, backend: str = "xgrammar") -> bool:
+    """Whether the request's tool constraint, built for `backend`, accepts `text` as a whole
+    output."""
     plan = plan_tools(request(tools=TOOLS, **plan_fields))
     assert plan is not None
     params = SamplingParams(structural_tag=json.dumps(structural_tag(plan)))
+    built = build_grammar(grammar_key(params, backend=backend))
+    if backend == "llguidance":
+        checker = LlgStringChecker()
+        return checker.accepts(checker.compile(built.data), text)
     compiler = xgr.GrammarCompiler(xgr.TokenizerInfo([]), cache_enabled=False)
-    compiled = compile_key(compiler, grammar_key(params)).grammar
+    compiled = compiler.compile_grammar(xgr.Grammar.deserialize_json(built.data))
     matcher = xgr.GrammarMatcher(compiled, terminate_without_stop_token=True)
     return bool(matcher.accept_string(text)) and bool(matcher.is_terminated())
 
@@ -139,21 +144,22 @@ def call_text(name: str, arguments: str) -> str:
     return f'{BEGIN}\n{{"name": "{name}", "arguments": {arguments}}}\n{END}'
 
 
-def test_the_constraint_admits_exactly_valid_calls() -> None:
+def test_the_constraint_admits_exactly_valid_calls(grammar_backend: str) -> None:
+    b = grammar_backend
     paris = call_text("get_weather", '{"city": "Paris", "unit": "C"}')
     tokyo = call_text("get_time", '{"zone": "JST"}')
-    assert accepts({}, "Just text.")
-    assert accepts({}, "Let me look.\n" + paris + " Done.")
-    assert not accepts({}, "x" + call_text("get_weather", '{"city": "Paris", "unit": "K"}'))
-    assert not accepts({}, call_text("get_time", '{"zone": "tokyo"}'))  # pattern ^[A-Z]{3}$
-    assert not accepts({}, call_text("launch", "{}"))  # not an offered function
+    assert accepts({}, "Just text.", b)
+    assert accepts({}, "Let me look.\n" + paris + " Done.", b)
+    assert not accepts({}, "x" + call_text("get_weather", '{"city": "Paris", "unit": "K"}'), b)
+    assert not accepts({}, call_text("get_time", '{"zone": "tokyo"}'), b)  # pattern ^[A-Z]{3}$
+    assert not accepts({}, call_text("launch", "{}"), b)  # not an offered function
     required = {"tool_choice": "required"}
-    assert not accepts(required, "Just text.")
-    assert accepts(required, paris)
-    assert accepts(required, paris + "\n" + tokyo)
-    assert not accepts({**required, "parallel_tool_calls": False}, paris + "\n" + tokyo)
+    assert not accepts(required, "Just text.", b)
+    assert accepts(required, paris, b)
+    assert accepts(required, paris + "\n" + tokyo, b)
+    assert not accepts({**required, "parallel_tool_calls": False}, paris + "\n" + tokyo, b)
     named = {"tool_choice": {"type": "function", "function": {"name": "get_time"}}}
-    assert accepts(named, tokyo) and not accepts(named, paris)
+    assert accepts(named, tokyo, b) and not accepts(named, paris, b)
 
 
 def test_calls_are_split_from_the_content() -> None:

@@ -32,9 +32,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import xgrammar as xgr
-
 from plait.backend.grammar.completion import Completer, CompleterUnavailable
+from plait.backend.grammar.hooks import Matcher
 from plait.backend.grammar.jump_forward import Jump, Retokenizer
 
 CLOSE_WINDOW = 256  # tokens left at the first look
@@ -75,7 +74,7 @@ class Closer:
 
     def plan(
         self,
-        matcher: xgr.GrammarMatcher,
+        matcher: Matcher,
         *,
         output: Sequence[int],
         room: int,
@@ -122,7 +121,7 @@ class Closer:
         return Jump(len(output) - fb.at, fb.ids)
 
     def _completion(
-        self, matcher: xgr.GrammarMatcher, *, output: Sequence[int], is_json: bool
+        self, matcher: Matcher, *, output: Sequence[int], is_json: bool
     ) -> list[int] | None:
         """Tokens of a completion from the matcher's state, or None. A failure here is
         logged and never reaches the scheduler."""

@@ -19,8 +19,11 @@ to the end otherwise. A repetition (`[a-z]{5,}`) shows the same items after each
 it counts, so the number of bytes in a row that kept the items is part of the identity (up
 to `MAX_RUN`). For JSON the lexical state is added (the open containers with the
 separators written in each since the search began), since the items only show the
-innermost rule. A merge can make the answer longer or make the search miss one, never
-wrong: every byte of an answer was accepted by a real matcher.
+innermost rule. llguidance shows no parser state; there a digest of the whole next-token
+mask stands for the items (tokens that carry text past the current byte, `aker"` or `12"`,
+tell apart states the single bytes do not), which merges more states than the items would.
+A merge can make the answer longer or make the search miss one, never wrong: every byte of
+an answer was accepted by a real matcher.
 """
 
 from __future__ import annotations
@@ -28,14 +31,16 @@ from __future__ import annotations
 import heapq
 import re
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
-import xgrammar as xgr
 
+from plait.backend.grammar.hooks import Matcher
 from plait.backend.grammar.json_lexer import JsonLex
+from plait.backend.grammar.llg_matcher import LlgMatcher
 
 MAX_TRIALS = 4000  # bytes tried per search before giving up (each takes 5-50 us)
 MAX_SECONDS = 0.1  # and a wall-clock stop: a few regex states take ~1 ms per mask
@@ -75,7 +80,7 @@ ITEM = re.compile(
 
 Item = tuple[int, int, int, int, int]
 Edge = tuple[int, bytes]  # a single-byte token and its byte
-Key = tuple[frozenset[Item], int, object]
+Key = tuple[frozenset[Hashable], int, object]
 
 
 class CompleterUnavailable(RuntimeError):
@@ -95,9 +100,9 @@ class _Node:
 
     text: bytes
     lex: JsonLex | None
-    matcher: xgr.GrammarMatcher | None = None
+    matcher: Matcher | None = None
     allowed: tuple[Edge, ...] = ()
-    items: frozenset[Item] = frozenset()
+    items: frozenset[Hashable] = frozenset()
     run: int = 1
 
     @property
@@ -133,7 +138,7 @@ class _Budget:
 
 
 class Completer:
-    """Finds a short completion of a `GrammarMatcher`'s state, as bytes."""
+    """Finds a short completion of a matcher's state, as bytes."""
 
     def __init__(
         self,
@@ -150,10 +155,11 @@ class Completer:
         self.bytes_of = [token_bytes[t] for t in self.ids]
         self.mask = torch.zeros((1, (len(token_bytes) + 31) // 32), dtype=torch.int32)
         self.bits = self.mask.numpy()[0]
+        self.filled = False  # `mask` holds the state `_key` just identified (llguidance)
         self.max_trials = max_trials
         self.max_seconds = max_seconds
 
-    def complete(self, matcher: xgr.GrammarMatcher, *, text: bytes, is_json: bool) -> bytes | None:
+    def complete(self, matcher: Matcher, *, text: bytes, is_json: bool) -> bytes | None:
         """The bytes after which `matcher` (which has accepted `text`) is complete; b"" if
         it already is, None when the search gives up (out of budget, or a parser state too
         large to search). `matcher` is left as it was."""
@@ -170,9 +176,10 @@ class Completer:
             return None
 
     def _search(
-        self, matcher: xgr.GrammarMatcher, *, text: bytes, lex: JsonLex | None, share: float
+        self, matcher: Matcher, *, text: bytes, lex: JsonLex | None, share: float
     ) -> bytes | None:
         """A* then depth-first, within `share` of the budget."""
+        self.filled = False
         root = _Node(b"", lex)
         root.allowed = self._allowed(matcher, after=text[-1:])
         trials, seconds = self.max_trials * share, self.max_seconds * share
@@ -183,7 +190,7 @@ class Completer:
         rest = _Budget(int(trials) - first.used, seconds - first.elapsed())
         return self._depth_first(matcher.fork(), root, base=len(text), budget=rest)
 
-    def _sampled(self, matcher: xgr.GrammarMatcher, text: bytes) -> bytes | None:
+    def _sampled(self, matcher: Matcher, text: bytes) -> bytes | None:
         """The rest of the first format sample that ends the open string (see
         FORMAT_SAMPLES), then what completes the grammar after it; None when the string may
         end or go on with a space here (free text), or no sample fits."""
@@ -199,7 +206,7 @@ class Completer:
                 return None if rest is None else piece + rest
         return None
 
-    def _accepts(self, matcher: xgr.GrammarMatcher, data: bytes) -> bool:
+    def _accepts(self, matcher: Matcher, data: bytes) -> bool:
         """Feed `data` byte by byte; whether every byte was accepted."""
         for byte in data:
             token = self.byte_tokens.get(byte)
@@ -208,7 +215,7 @@ class Completer:
         return True
 
     def _best_first(
-        self, matcher: xgr.GrammarMatcher, root: _Node, *, base: int, budget: _Budget
+        self, matcher: Matcher, root: _Node, *, base: int, budget: _Budget
     ) -> bytes | None:
         """Weighted A*: short completions, found in a few trials when closing is enough."""
         root.matcher = matcher.fork()
@@ -238,7 +245,7 @@ class Completer:
         return None
 
     def _depth_first(
-        self, matcher: xgr.GrammarMatcher, root: _Node, *, base: int, budget: _Budget
+        self, matcher: Matcher, root: _Node, *, base: int, budget: _Budget
     ) -> bytes | None:
         """Closing-first depth-first search on one matcher (accept on the way down, roll
         back on the way up): longer completions, but it does not drown in alternatives
@@ -269,30 +276,45 @@ class Completer:
                     matcher.rollback(1)
         return None
 
-    @staticmethod
-    def _key(matcher: xgr.GrammarMatcher, node: _Node, base: int, parent: _Node | None) -> Key:
-        """The node's identity (and its `items` and `run` set): its Earley items, start
-        positions after `base` (where the search began) made relative to the end; how many
-        bytes in a row kept those items; its JSON lexical state."""
-        end = base + len(node.text)
-        node.items = frozenset(
-            (rule, seq, elem, sub, start if start <= base else start - end - 2)
-            for rule, seq, elem, start, sub in parser_items(matcher)
-        )
+    def _key(self, matcher: Matcher, node: _Node, base: int, parent: _Node | None) -> Key:
+        """The node's identity (and its `items` and `run` set): its parser state (`_state`),
+        how many bytes in a row kept it, its JSON lexical state."""
+        node.items = self._state(matcher, base=base, end=base + len(node.text))
         node.run = parent.run + 1 if parent is not None and parent.items == node.items else 1
         return node.items, node.run, node.lex.key if node.lex is not None else None
 
-    def _allowed(self, matcher: xgr.GrammarMatcher, *, after: bytes) -> tuple[Edge, ...]:
+    def _state(self, matcher: Matcher, *, base: int, end: int) -> frozenset[Hashable]:
+        """The parser state: xgrammar's items (positions after `base` relative to `end`), or
+        the digest of llguidance's mask."""
+        if isinstance(matcher, LlgMatcher):
+            self.filled = True  # the digest's mask serves `_allowed` of the same state
+            return frozenset({matcher.state_digest(self.mask)})
+        return frozenset(
+            (rule, seq, elem, sub, start if start <= base else start - end - 2)
+            for rule, seq, elem, start, sub in parser_items(matcher)
+        )
+
+    def _allowed(self, matcher: Matcher, *, after: bytes) -> tuple[Edge, ...]:
         """The single-byte tokens the state allows, in search order; `after`: the byte
-        before (a digit decides between `0` and `1`, see `_lead`)."""
-        matcher.fill_next_token_bitmask(self.mask)
+        before (a digit decides between `0` and `1`, see `_lead`). Where the grammar forces
+        bytes, llguidance's mask allows only their canonical token (`,"` rather than `,`):
+        there the forced byte is the one edge. The searches call it right after `_key` of
+        the same state, whose llguidance mask is reused (`filled`)."""
+        filled, self.filled = self.filled, False
+        if isinstance(matcher, LlgMatcher):
+            forced = matcher.forced_bytes()[:1]
+            if forced and forced[0] in self.byte_tokens:
+                return ((self.byte_tokens[forced[0]], forced),)
+        if not filled:
+            matcher.fill_next_token_bitmask(self.mask)
         keep = np.flatnonzero((self.bits[self.words] >> self.shifts) & 1)
         allowed = tuple((self.ids[i], self.bytes_of[i]) for i in keep.tolist())
         return allowed if after.isdigit() else _lead(allowed)
 
 
-def parser_items(matcher: xgr.GrammarMatcher) -> list[Item]:
-    """(rule, sequence, element, start, sub-element) of each Earley item of the last step."""
+def parser_items(matcher: Any) -> list[Item]:
+    """(rule, sequence, element, start, sub-element) of each Earley item of xgrammar's last
+    step."""
     state = matcher._debug_print_internal_state()
     if len(state) > MAX_STATE_CHARS:
         raise SearchTooLarge(f"parser state of {len(state)} characters")

@@ -1,4 +1,6 @@
-"""What the scheduler needs from a grammar backend (implemented by `XGrammarBackend`)."""
+"""What the scheduler needs from the grammar layer (`GrammarHooks`, implemented by
+`GrammarBackend`), and what the grammar layer's parts need from a matcher of either grammar
+backend (`Matcher`: xgrammar's `GrammarMatcher`, or `LlgMatcher` over llguidance)."""
 
 from __future__ import annotations
 
@@ -64,3 +66,24 @@ class GrammarHooks(Protocol):
     def warm_up(self) -> None: ...
 
     def close(self) -> None: ...
+
+
+class Matcher(Protocol):
+    """What masks, rewrites, closing and drafts ask of a matcher, whichever the backend:
+    `accept_token` (False and no change on a rejection), `rollback(n)` tokens,
+    `fill_next_token_bitmask(mask, row)`, `is_completed` (the grammar may end here),
+    `is_terminated` (a stop token ended it), `find_jump_forward_string`, `fork`."""
+
+    def accept_token(self, token: int) -> bool: ...
+
+    def rollback(self, n: int) -> object: ...
+
+    def fill_next_token_bitmask(self, mask: torch.Tensor, index: int = 0) -> object: ...
+
+    def is_completed(self) -> bool: ...
+
+    def is_terminated(self) -> bool: ...
+
+    def find_jump_forward_string(self) -> str: ...
+
+    def fork(self) -> Matcher: ...

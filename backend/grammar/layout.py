@@ -13,6 +13,8 @@ lines, which small models do greedily once a grammar lets them (they then run to
 limit). xgrammar's own `any_whitespace` allows any `[ \\n\\r\\t]` run up to a count; the
 `spaced` and `flexible` grammars are xgrammar's `any_whitespace` grammar with every
 whitespace repetition replaced by the layout's gap rule (in its lookaheads too).
+llguidance is given the same layouts as options (`llguidance_options`): its separators, and
+a whitespace pattern it matches at most once per gap.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ _GAPS = {
     SPACED: '("" | " ")',
     FLEXIBLE: f'("" | " " | ("\\n" [ ]{{0, {MAX_INDENT}}}))',
 }
+_LLG_GAPS = {SPACED: " ", FLEXIBLE: f" |\\n {{0,{MAX_INDENT}}}"}  # each gap: empty or one match
 # The count xgrammar is given, so that its whitespace repetitions can be found in its EBNF.
 _XGR_WHITESPACE_CNT = 16
 _WHITESPACE_REPEAT = re.compile(rf"\bwhitespace(?:_\d+)?\{{0, {_XGR_WHITESPACE_CNT}\}}")
@@ -63,6 +66,16 @@ def schema_grammar(schema_text: str, *, layout: str, **options: Any) -> xgr.Gram
         schema_text, any_whitespace=True, max_whitespace_cnt=_XGR_WHITESPACE_CNT, **options
     )
     return with_gaps(loose, layout=layout)
+
+
+def llguidance_options(layout: str) -> dict[str, Any]:
+    """llguidance's JSON options (`x-guidance`) for `layout`."""
+    if layout in _SEPARATORS:
+        item, key = _SEPARATORS[layout]
+        return {"item_separator": item, "key_separator": key, "whitespace_flexible": False}
+    if layout not in _LLG_GAPS:
+        raise ValueError(f"unknown JSON layout {layout!r} (one of {', '.join(LAYOUTS)})")
+    return {"item_separator": ",", "key_separator": ":", "whitespace_pattern": _LLG_GAPS[layout]}
 
 
 def with_gaps(grammar: xgr.Grammar, *, layout: str) -> xgr.Grammar:

@@ -1,5 +1,6 @@
-"""One constrained request's grammar state: its xgrammar matcher, the regex cursor that
-finds forced text for regex constraints, and its closing state."""
+"""One constrained request's grammar state: its matcher (xgrammar's `GrammarMatcher`, or
+llguidance's behind `LlgMatcher`, which answers the same calls: `Matcher`), the regex cursor
+that finds forced text for regex constraints, and its closing state."""
 
 from __future__ import annotations
 
@@ -10,11 +11,22 @@ import xgrammar as xgr
 
 from plait.backend.grammar.closing import CloseState
 from plait.backend.grammar.compiler import CompiledConstraint
+from plait.backend.grammar.hooks import Matcher
 from plait.backend.grammar.jump_forward import Jump
+from plait.backend.grammar.keys import LLGUIDANCE
 from plait.backend.grammar.reasoning_gate import ReasoningGate
 from plait.backend.grammar.regex_fsm import RegexCursor
+from plait.backend.grammar.vocab import Vocab
 
 JSON_KINDS = frozenset({"json_schema", "json_object"})
+
+
+def new_matcher(compiled: CompiledConstraint, *, stops: list[int] | None, vocab: Vocab) -> Matcher:
+    """A fresh matcher of `compiled` ending on `stops` (None: the vocabulary's stop tokens)."""
+    if compiled.backend == LLGUIDANCE:
+        return vocab.llg_compiler.matcher(compiled.grammar, stops)
+    matcher: Matcher = xgr.GrammarMatcher(compiled.grammar, override_stop_tokens=stops)
+    return matcher
 
 
 class RequestGrammar:
@@ -27,11 +39,11 @@ class RequestGrammar:
         self,
         compiled: CompiledConstraint,
         *,
-        stop_ids: list[int] | None,
+        matcher: Matcher,
         token_bytes: Sequence[bytes],
     ) -> None:
         self.compiled = compiled
-        self.matcher = xgr.GrammarMatcher(compiled.grammar, override_stop_tokens=stop_ids)
+        self.matcher = matcher
         self.cursor = RegexCursor(compiled.regex_fsm) if compiled.regex_fsm else None
         self.closing = CloseState()
         self.token_bytes = token_bytes
@@ -85,7 +97,7 @@ class RequestGrammar:
 
     def forced_text(self) -> str:
         """The text every continuation starts with: the regex DFA's chain of single
-        transitions, or xgrammar's jump-forward string."""
+        transitions, or the matcher's jump-forward string."""
         if self.cursor is not None and self.cursor.state is not None:
             return self.cursor.forced()
         return str(self.matcher.find_jump_forward_string())

@@ -13,7 +13,10 @@ from dataclasses import dataclass
 import interegular
 from interegular.fsm import anything_else
 
+from plait.backend.request.limits import regex_size
+
 MAX_FORCED_CHARS = 512
+MAX_FSM_REGEX_SIZE = 2000  # larger regexes jump forward with the matcher's string, no own DFA
 
 
 @dataclass(frozen=True)
@@ -25,6 +28,13 @@ class RegexFSM:
     symbol_of: dict[str, int]
     default_symbol: int | None
     forced_step: dict[int, tuple[str, int]]
+
+    @classmethod
+    def bounded(cls, pattern: str) -> RegexFSM | None:
+        """The DFA of a regex constraint, None past `MAX_FSM_REGEX_SIZE` expanded elements
+        (building it could take minutes) or when interegular cannot parse it."""
+        small = regex_size(pattern, cap=MAX_FSM_REGEX_SIZE) <= MAX_FSM_REGEX_SIZE
+        return cls.build(pattern) if small else None
 
     @classmethod
     def build(cls, pattern: str) -> RegexFSM | None:

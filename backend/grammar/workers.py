@@ -1,8 +1,9 @@
 """Grammar building in worker processes that can be stopped.
 
-Turning a constraint into a grammar has no cost bound: xgrammar's schema converter is C++ that
-no thread can interrupt, and schema rewriting and a regex's DFA are Python that holds the GIL
-(a DFA of `a{10000}` takes most of a minute). So `build_grammar` runs in child processes
+Turning a constraint into a grammar has no cost bound: xgrammar's schema converter and
+llguidance's grammar construction are native code that no thread can interrupt, and schema
+rewriting and a regex's DFA are Python that holds the GIL (a DFA of `a{10000}` takes most of
+a minute). So `build_grammar` runs in child processes
 (fresh interpreters running `worker_main`), each driven by one thread of the engine's process:
 
 - a job waits in one queue with a deadline (`grammar_timeout_s` from its submission, or from
@@ -10,7 +11,8 @@ no thread can interrupt, and schema rewriting and a regex's DFA are Python that 
   worker's start does not), so a queued job times out like a running one;
 - a thread hands the job to its worker and waits for the result until the deadline; past it,
   the worker is killed (SIGKILL), the job fails, and a new worker starts;
-- the worker sends the grammar back serialized (refused past `max_bytes`), and the thread
+- the worker sends the grammar back serialized (refused past `max_bytes`; llguidance's is
+  validated there, so a grammar it refuses fails within the deadline), and the thread
   compiles it against the vocabulary (`compile_built`: milliseconds, GIL released).
 
 The scheduler never waits on any of this: it polls the jobs' futures. A worker exits when its
@@ -33,18 +35,15 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
-import xgrammar as xgr
-
 from plait.backend.grammar.compiler import (
-    BuiltGrammar,
     CompiledConstraint,
-    GrammarError,
-    GrammarKey,
+    Compilers,
     build_grammar,
-    clean_error,
     compile_built,
-    new_compiler,
 )
+from plait.backend.grammar.errors import GrammarError, clean_error
+from plait.backend.grammar.keys import BuiltGrammar, GrammarKey
+from plait.backend.grammar.vocab import Vocab
 from plait.backend.host import set_process_name
 
 MAX_GRAMMAR_BYTES = 16 << 20  # a serialized grammar (before compilation) larger than this fails
@@ -85,8 +84,8 @@ class WorkerPool:
     """`size` compile workers behind one job queue; started at the first `submit` (or
     `start`). A worker killed past a deadline is replaced at once."""
 
-    def __init__(self, *, info: xgr.TokenizerInfo, size: int, max_bytes: int) -> None:
-        self.info = info
+    def __init__(self, *, vocab: Vocab, size: int, max_bytes: int) -> None:
+        self.vocab = vocab
         self.size = max(size, 1)
         self.max_bytes = max_bytes
         self._jobs: queue.Queue[CompileJob | None] = queue.Queue()
@@ -133,7 +132,7 @@ class WorkerPool:
 
     # --- one thread per worker ----------------------------------------------------------
     def _serve(self) -> None:
-        compiler = new_compiler(self.info)
+        compilers = Compilers(self.vocab)
         worker: Worker | None = None
         while not self._closed:
             if worker is None:
@@ -148,17 +147,17 @@ class WorkerPool:
             elif time.monotonic() >= job.deadline(worker):
                 job.future.set_exception(timed_out(job))
             else:
-                worker = self._run(worker, job, compiler)
+                worker = self._run(worker, job, compilers)
         if worker is not None:
             self._retire(worker)
 
-    def _run(self, worker: Worker, job: CompileJob, compiler: xgr.GrammarCompiler) -> Worker | None:
+    def _run(self, worker: Worker, job: CompileJob, compilers: Compilers) -> Worker | None:
         """Build `job`'s grammar on `worker` and compile it here; returns the worker to use
         next, None if it had to be killed (past the deadline) or died."""
         try:
             start = time.perf_counter()
             built = worker.build(job)
-            job.future.set_result(compile_built(compiler, job.key, built, since=start))
+            job.future.set_result(compile_built(compilers, job.key, built, since=start))
             return worker
         except Exception as exc:  # noqa: BLE001 - timeout, dead worker, bad result
             error = exc if isinstance(exc, GrammarError) else GrammarError(f"grammar: {exc}")
@@ -279,8 +278,8 @@ def _built(result: tuple[Any, ...]) -> BuiltGrammar:
     """The worker's answer as a BuiltGrammar, or its error raised."""
     if result[0] == "error":
         raise GrammarError(result[1])
-    _, data, fsm, warnings = result
-    return BuiltGrammar(xgr.Grammar.deserialize_json(data), fsm, tuple(warnings))
+    _, backend, data, fsm, warnings = result
+    return BuiltGrammar(backend, data, fsm, tuple(warnings))
 
 
 # --- the worker process -----------------------------------------------------------------------
@@ -302,15 +301,14 @@ def worker_main() -> None:
 
 
 def built_result(key: GrammarKey, *, max_bytes: int) -> tuple[Any, ...]:
-    """("ok", serialized grammar, regex DFA, warnings) or ("error", message)."""
+    """("ok", backend, serialized grammar, regex DFA, warnings) or ("error", message)."""
     try:
         built = build_grammar(key)
-        data = built.grammar.serialize_json()
     except GrammarError as exc:
         return ("error", str(exc))
     except Exception as exc:  # noqa: BLE001 - any failure is this constraint's
         return ("error", f"invalid {key.kind}: {clean_error(exc)}")
-    if len(data) > max_bytes:
-        size, limit = len(data) >> 20, max_bytes >> 20
+    if len(built.data) > max_bytes:
+        size, limit = len(built.data) >> 20, max_bytes >> 20
         return ("error", f"{key.kind}: the grammar is too large ({size} MiB; at most {limit} MiB)")
-    return ("ok", data, built.regex_fsm, built.warnings)
+    return ("ok", built.backend, built.data, built.regex_fsm, built.warnings)

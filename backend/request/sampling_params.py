@@ -16,7 +16,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     BaseModel,
@@ -27,6 +27,7 @@ from pydantic import (
     StrictStr,
     TypeAdapter,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -49,7 +50,19 @@ MAX_STOP_TOKEN_IDS = 1024
 MAX_LOGIT_BIAS = 1 << 18
 MAX_CHOICES = 4096
 MAX_CONSTRAINT_CHARS = 1 << 20
-CONSTRAINT_FIELDS = ("json_schema", "regex", "ebnf", "choices", "json_object", "structural_tag")
+CONSTRAINT_FIELDS = (
+    "json_schema",
+    "regex",
+    "ebnf",
+    "lark",
+    "choices",
+    "json_object",
+    "structural_tag",
+)
+# The grammar backends (plait.backend.grammar): xgrammar, llguidance, or per constraint the one
+# that enforces all of it (`auto`; docs/structured.md).
+GrammarBackend = Literal["xgrammar", "llguidance", "auto"]
+GRAMMAR_BACKENDS: tuple[str, ...] = get_args(GrammarBackend)
 
 
 @dataclass(frozen=True)
@@ -86,7 +99,9 @@ class SamplingParams(BaseModel):
 
     `temperature=0` is greedy. `top_k <= 0` disables top-k. `n > 1` draws parallel samples
     that share the prompt's KV cache (sample i seeded with seed + i). At most one constraint
-    (`json_schema`, `regex`, `ebnf`, `choices`, `json_object`, `structural_tag`) may be set.
+    (`json_schema`, `regex`, `ebnf`, `lark`, `choices`, `json_object`, `structural_tag`) may
+    be set; `grammar_backend` picks the grammar backend that enforces it (None: the engine's
+    `EngineConfig.grammar_backend`; `lark` grammars need llguidance).
     Generation stops at the first `stop` string or `stop_regex` match (`re.search` on the
     output text), which is cut from the text unless `no_stop_trim`. A constrained output
     about to reach `max_new_tokens` inside an unfinished structure is completed by the
@@ -144,6 +159,7 @@ class SamplingParams(BaseModel):
     ] = None
     regex: Annotated[Constraint | None, Wire("regex", "regex", vllm="regex", guided=True)] = None
     ebnf: Annotated[Constraint | None, Wire("ebnf", "ebnf", vllm="grammar", guided=True)] = None
+    lark: Annotated[Constraint | None, _same("lark")] = None
     choices: Annotated[
         tuple[StrictStr, ...] | None,
         Field(min_length=1, max_length=MAX_CHOICES),
@@ -153,6 +169,7 @@ class SamplingParams(BaseModel):
     structural_tag: Annotated[
         Constraint | None, Wire("structural_tag", None, vllm="structural_tag")
     ] = None
+    grammar_backend: Annotated[GrammarBackend | None, _same("grammar_backend")] = None
     any_whitespace: Annotated[StrictBool, _same("any_whitespace")] = False
     json_layout: Annotated[JsonLayout | None, _same("json_layout")] = None
     strict_mode: Annotated[StrictBool, _same("strict_mode")] = True
@@ -253,11 +270,18 @@ class SamplingParams(BaseModel):
             check_regex(value)
         return value
 
-    @field_validator("ebnf", "choices")
+    @field_validator("ebnf", "lark", "choices")
     @classmethod
     def _literal_size(cls, value: Any) -> Any:
         if value is not None:
             check_literals([value] if isinstance(value, str) else list(value), what="its text")
+        return value
+
+    @field_validator("grammar_backend")
+    @classmethod
+    def _takes_lark(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value == "xgrammar" and info.data.get("lark") is not None:
+            raise ValueError("xgrammar does not take Lark grammars (use llguidance or auto)")
         return value
 
     @field_validator("json_schema", "structural_tag")

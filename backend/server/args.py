@@ -40,6 +40,10 @@ HELP = {
     ),
     "grammar_workers": "processes that compile grammars (one past its deadline is killed)",
     "grammar_timeout_s": "seconds a grammar may take to compile, queueing included",
+    "grammar_backend": (
+        "xgrammar, llguidance, or auto (default: per constraint, xgrammar unless it would warn "
+        "about a keyword that llguidance enforces; a request may choose its own)"
+    ),
 }
 
 

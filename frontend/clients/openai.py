@@ -23,6 +23,7 @@ TURN = re.compile(r"<\|im_start\|>(system|user|assistant)\n(.*?)(<\|im_end\|>\n|
 UNSUPPORTED = {
     "regex": "constrain output to a regex",
     "ebnf": "constrain output to an EBNF grammar",
+    "lark": "constrain output to a Lark grammar",
     "structural_tag": "constrain output to a structural tag",
     "stop_regex": "stop at a regex",
 }

@@ -1,10 +1,13 @@
-"""Constrained decoding with xgrammar: the scheduler's `GrammarHooks`.
+"""Constrained decoding: the scheduler's `GrammarHooks`, over either grammar backend.
 
-One `GrammarMatcher` per constrained request (`req.grammar`, a `RequestGrammar`), built from a
-grammar compiled off-thread and cached by key (`compiler`). Each step the bitmask rows of the
-constrained requests are filled on a worker thread while the forward runs (`masks`); after
-sampling the matcher accepts the token, and the `Rewriter` writes what the grammar forces or,
-near the token limit, a completion (`rewrite`).
+Each constraint is compiled off-thread by the backend its key names (xgrammar, llguidance, or
+`auto`: per constraint, xgrammar unless llguidance enforces keywords xgrammar would only warn
+about; `compiler`) and cached by key. One matcher per constrained request (`req.grammar`, a
+`RequestGrammar`: xgrammar's `GrammarMatcher` or an `LlgMatcher`). Each step the bitmask rows
+of the constrained requests are filled on a worker thread while the forward runs (`masks`);
+after sampling the matcher accepts the token, and the `Rewriter` writes what the grammar
+forces or, near the token limit, a completion (`rewrite`). Both backends go through the same
+calls, so batches may mix them.
 """
 
 from __future__ import annotations
@@ -16,23 +19,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-import xgrammar as xgr
 from transformers import PreTrainedTokenizerBase
 
 from plait.backend.config import EngineConfig
 from plait.backend.grammar.cache import GrammarCache
-from plait.backend.grammar.compiler import (
-    CompiledConstraint,
-    GrammarError,
-    clean_error,
-    grammar_key,
-)
-from plait.backend.grammar.hooks import GrammarHooks, MaskWaiter, Rewrite
-from plait.backend.grammar.jump_forward import Encoder, Retokenizer
+from plait.backend.grammar.compiler import CompiledConstraint, grammar_key
+from plait.backend.grammar.errors import GrammarError, clean_error
+from plait.backend.grammar.hooks import GrammarHooks, MaskWaiter, Matcher, Rewrite
+from plait.backend.grammar.jump_forward import Retokenizer
 from plait.backend.grammar.masks import TIMING_LOG_SIZE, MaskFiller
-from plait.backend.grammar.matcher import RequestGrammar
+from plait.backend.grammar.matcher import RequestGrammar, new_matcher
 from plait.backend.grammar.reasoning_gate import make_gate
 from plait.backend.grammar.rewrite import Rewriter
+from plait.backend.grammar.vocab import Vocab
 from plait.backend.grammar.workers import MAX_GRAMMAR_BYTES, CompileJob, WorkerPool
 from plait.backend.request.req import INTERNAL_ERROR, FinishReason, Req
 from plait.kernels.bitmask import prepare_cpu_kernel
@@ -53,26 +52,22 @@ class _Waiting:
     since: float
 
 
-class XGrammarBackend:
-    """`GrammarHooks` over xgrammar: compile cache, per-request matchers, masks, rewrites."""
+class GrammarBackend:
+    """`GrammarHooks` over xgrammar and llguidance: compile cache, per-request matchers,
+    masks, rewrites."""
 
     def __init__(
-        self,
-        *,
-        config: EngineConfig,
-        info: xgr.TokenizerInfo,
-        retokenizer: Retokenizer,
-        pin: bool,
+        self, *, config: EngineConfig, vocab: Vocab, retokenizer: Retokenizer, pin: bool
     ) -> None:
         self.config = config
-        self.info = info
+        self.vocab = vocab
         self.token_bytes = retokenizer.token_bytes
-        pool = WorkerPool(info=info, size=config.grammar_workers, max_bytes=MAX_GRAMMAR_BYTES)
+        pool = WorkerPool(vocab=vocab, size=config.grammar_workers, max_bytes=MAX_GRAMMAR_BYTES)
         self.cache = GrammarCache(
             pool=pool, capacity=config.grammar_cache_size, timeout_s=config.grammar_timeout_s
         )
         self.rewriter = Rewriter(retokenizer=retokenizer, jump_forward=config.enable_jump_forward)
-        self.filler = MaskFiller(vocab_size=info.vocab_size, pin=pin)
+        self.filler = MaskFiller(vocab_size=vocab.vocab_size, pin=pin)
         self.waiting: dict[Req, _Waiting] = {}
         self.compile_log: deque[float] = deque(maxlen=TIMING_LOG_SIZE)
 
@@ -80,7 +75,7 @@ class XGrammarBackend:
     def submit(self, req: Req) -> None:
         now = time.monotonic()
         try:
-            key = grammar_key(req.params)
+            key = grammar_key(req.params, backend=self.config.grammar_backend)
         except GrammarError as exc:
             self.waiting[req] = _Waiting(str(exc), now)
             return
@@ -150,7 +145,8 @@ class XGrammarBackend:
 
     def _attach(self, req: Req, compiled: CompiledConstraint) -> None:
         stops = sorted(req.eos_ids | set(req.params.stop_token_ids)) or None
-        state = RequestGrammar(compiled, stop_ids=stops, token_bytes=self.token_bytes)
+        matcher = new_matcher(compiled, stops=stops, vocab=self.vocab)
+        state = RequestGrammar(compiled, matcher=matcher, token_bytes=self.token_bytes)
         parser = self.config.reasoning_parser
         state.gate = make_gate(req, parser=parser, token_bytes=self.token_bytes)
         req.grammar = state
@@ -230,45 +226,19 @@ def _drop_last_token(req: Req) -> None:
             rec.output_top.pop()
 
 
-def _matcher(req: Req) -> xgr.GrammarMatcher | None:
+def _matcher(req: Req) -> Matcher | None:
     """The request's matcher; None for no grammar, or one waiting out a reasoning section."""
     state: RequestGrammar | None = req.grammar
     return state.matcher if state is not None and not state.waiting else None
 
 
-def tokenizer_info(tokenizer: PreTrainedTokenizerBase, vocab_size: int) -> xgr.TokenizerInfo:
-    """xgrammar's view of the vocabulary, `vocab_size` wide (the logits width); special tokens
-    get empty text so that grammars never produce them (stop tokens are set per request)."""
-    hf = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
-    vocab = list(hf.decoded_vocab)
-    for token in tokenizer.all_special_ids:
-        if token < len(vocab):
-            vocab[token] = b""
-    return xgr.TokenizerInfo(
-        vocab,
-        xgr.VocabType.RAW,
-        vocab_size=vocab_size,
-        stop_token_ids=hf.stop_token_ids,
-        add_prefix_space=hf.add_prefix_space,
-    )
-
-
-def make_encoder(tokenizer: PreTrainedTokenizerBase) -> Encoder:
-    """`encode(text) -> ids` without special tokens, through the Rust tokenizer if any."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None:
-        return lambda text: list(backend.encode(text, add_special_tokens=False).ids)
-    return lambda text: list(tokenizer.encode(text, add_special_tokens=False))
-
-
 def make_grammar(
     config: EngineConfig, tokenizer: PreTrainedTokenizerBase, vocab_size: int
 ) -> GrammarHooks | None:
-    """The xgrammar backend for constrained requests, one per model."""
-    info = tokenizer_info(tokenizer, vocab_size)
-    token_bytes = list(info.decoded_vocab)
-    retokenizer = Retokenizer(token_bytes=token_bytes, encode=make_encoder(tokenizer))
+    """The grammar backend for constrained requests, one per model."""
+    vocab = Vocab(tokenizer=tokenizer, vocab_size=vocab_size)
+    retokenizer = Retokenizer(token_bytes=vocab.token_bytes, encode=vocab.encode)
     pin = config.device != "cpu" and torch.cuda.is_available()
     if not pin:  # masks are applied on the CPU
         prepare_cpu_kernel()  # built once per machine (cached), so no request waits for it
-    return XGrammarBackend(config=config, info=info, retokenizer=retokenizer, pin=pin)
+    return GrammarBackend(config=config, vocab=vocab, retokenizer=retokenizer, pin=pin)
