@@ -35,8 +35,19 @@ pytest: $(STAMP)
 
 test: lint typecheck pytest
 
+# llama.cpp (the CPU peer) built with -march=native takes its AMX matmul on CPUs that have
+# AMX, and that path crashed on the first decode on the machine the figures come from; where
+# the CPU has AVX-512 VNNI it is built for what the CPU has (AVX2, AVX-512 and its VNNI, VBMI,
+# BF16) without AMX.
+CPU_FLAGS := $(shell cat /proc/cpuinfo 2>/dev/null | grep -m1 '^flags')
+LLAMA_CMAKE_ARGS ?= $(if $(findstring avx512_vnni,$(CPU_FLAGS)),-DGGML_NATIVE=OFF -DGGML_AVX=ON \
+	-DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON \
+	$(if $(findstring avx512_vbmi,$(CPU_FLAGS)),-DGGML_AVX512_VBMI=ON) \
+	$(if $(findstring avx512_bf16,$(CPU_FLAGS)),-DGGML_AVX512_BF16=ON) \
+	-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
+
 bench: $(STAMP)
-	$(BIN)/pip install --quiet -e '.[bench]'
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/python -m benchmarks.run $(if $(QUICK),--quick,)
 
 # Not part of `make test`: MINUTES of mixed valid and hostile traffic (default 10).

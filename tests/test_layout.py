@@ -22,6 +22,7 @@ LAZY_IMPORTS = {
     ("plait.cli", "plait.backend.parallel.launch"),  # `plait serve --node-rank`: torch
     ("plait.cli", "plait.backend.server.launch"),  # `plait serve`: the runtime
     ("plait.backend.router.launcher", "torch"),  # `--dp N` counts GPUs only off the CPU
+    ("plait.backend.router.gateway", "sglang_router.launch_router"),  # optional: the gateway
 }
 HEAVY = ("torch", "transformers", "xgrammar")
 

@@ -21,21 +21,25 @@ from plait.backend.grammar.jump_forward import Encoder
 from plait.backend.grammar.llg_matcher import LlgCompiler
 
 
-def tokenizer_info(tokenizer: PreTrainedTokenizerBase, vocab_size: int) -> xgr.TokenizerInfo:
-    """xgrammar's view of the vocabulary, `vocab_size` wide (the logits width); special tokens
-    get empty text so that grammars never produce them (stop tokens are set per request)."""
+def tokenizer_info(
+    tokenizer: PreTrainedTokenizerBase, vocab_size: int
+) -> tuple[xgr.TokenizerInfo, list[bytes]]:
+    """xgrammar's view of the vocabulary, `vocab_size` wide (the logits width), and its token
+    bytes (read out of xgrammar once: about half a second for 50k tokens); special tokens get
+    empty text so that grammars never produce them (stop tokens are set per request)."""
     hf = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
     vocab = list(hf.decoded_vocab)
     for token in tokenizer.all_special_ids:
         if token < len(vocab):
             vocab[token] = b""
-    return xgr.TokenizerInfo(
+    info = xgr.TokenizerInfo(
         vocab,
         xgr.VocabType.RAW,
         vocab_size=vocab_size,
         stop_token_ids=hf.stop_token_ids,
         add_prefix_space=hf.add_prefix_space,
     )
+    return info, vocab
 
 
 def make_encoder(tokenizer: PreTrainedTokenizerBase) -> Encoder:
@@ -69,9 +73,9 @@ class Vocab:
     """The vocabulary of one model for both grammar backends (see the module docstring)."""
 
     def __init__(self, *, tokenizer: PreTrainedTokenizerBase, vocab_size: int) -> None:
-        self.info = tokenizer_info(tokenizer, vocab_size)
+        self.info, token_bytes = tokenizer_info(tokenizer, vocab_size)
         self.vocab_size = vocab_size
-        self.token_bytes: Sequence[bytes] = list(self.info.decoded_vocab)
+        self.token_bytes: Sequence[bytes] = token_bytes
         self.stop_ids = tuple(int(t) for t in self.info.stop_token_ids)
         self.encode = make_encoder(tokenizer)
         self.special = sorted(
