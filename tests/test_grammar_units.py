@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -40,10 +41,13 @@ def test_walker_names_each_unenforced_keyword() -> None:
             "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
             "n": {"type": "number", "multipleOf": 0.5},
             "k": {"type": "integer", "multipleOf": 3},
-            "x": {"not": {"type": "string", "minLength": 2}},  # not a bare type: not rewritten
+            "x": {"not": {"type": "array", "uniqueItems": True}},  # no complement
             "y": {"if": {"type": "integer", "minimum": 0}, "then": {"type": "integer"}},
-            "z": {
-                "allOf": [{"type": "string", "pattern": "^a"}, {"type": "string", "pattern": "b$"}]
+            "z": {  # two tuples: their merge has no exact form here
+                "allOf": [
+                    {"prefixItems": [{"type": "string"}]},
+                    {"prefixItems": [{"maxLength": 2}]},
+                ]
             },
             "d": {"type": "string", "format": "date"},
         },
@@ -102,11 +106,23 @@ def test_rewrite_merges_all_of_and_distributes_siblings() -> None:
 
 def test_rewrite_leaves_what_it_cannot_merge_exactly() -> None:
     closed = {"allOf": [{"additionalProperties": False}, {"properties": {"a": {}}}]}
-    assert rewrite_schema(closed) == closed
-    patterns = {"allOf": [{"pattern": "^a"}, {"pattern": "b$"}]}
-    assert rewrite_schema(patterns)["allOf"] == [
-        {"pattern": search_pattern("^a")},
-        {"pattern": search_pattern("b$")},
+    assert rewrite_schema(closed) == {  # `a` may not appear: an empty object or another type
+        "anyOf": [
+            {"type": "object", "additionalProperties": False},
+            {"type": ["null", "boolean", "array", "number", "string"]},
+        ]
+    }
+    patterned = {"allOf": [{"additionalProperties": False}, {"patternProperties": {"^a": {}}}]}
+    assert rewrite_schema(patterned)["allOf"] == [
+        {"additionalProperties": False},
+        {"patternProperties": {search_pattern("^a"): {}}},
+    ]
+    # two patterns meet in one (their DFAs' product), strings only
+    [string, other] = rewrite_schema({"allOf": [{"pattern": "^a"}, {"pattern": "b$"}]})["anyOf"]
+    assert string["type"] == "string" and "null" in other["type"]
+    assert [t for t in ("ab", "a", "b", "axb", "ba") if re.fullmatch(string["pattern"], t)] == [
+        "ab",
+        "axb",
     ]
 
 

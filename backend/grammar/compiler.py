@@ -107,7 +107,7 @@ def normalize_schema(value: str) -> str:
 def json_schema_grammar(key: GrammarKey, **options: Any) -> tuple[xgr.Grammar, list[SchemaGap]]:
     """The (uncompiled) grammar of a JSON key and the schema keywords it cannot enforce.
     The schema is first rewritten into an equivalent one xgrammar enforces more of."""
-    schema = rewrite_schema(json.loads(key.text))
+    schema = rewrite_schema(json.loads(key.text), strict_mode=key.strict_mode)
     text = json.dumps(schema, ensure_ascii=False)
     grammar = schema_grammar(text, layout=key.layout, strict_mode=key.strict_mode, **options)
     return grammar, schema_gaps(schema, strict_mode=key.strict_mode)

@@ -17,10 +17,9 @@ types), a `$ref` or a combinator keep their form (the warning walker reports the
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from plait.backend.grammar.schema.utils import ANNOTATIONS
+from plait.backend.grammar.schema.utils import ANNOTATIONS, same
 
 # The keywords that apply to one JSON type only ("number" covers integers).
 TYPE_ONLY = {
@@ -105,7 +104,7 @@ def negations(node: dict[str, Any]) -> None:
     elif len(keys) == 1 and isinstance(node.get("enum"), list):
         banned = negated["enum"] if "enum" in keys else [negated.get("const")]
         if isinstance(banned, list):
-            kept = [v for v in node["enum"] if not any(_same(v, b) for b in banned)]
+            kept = [v for v in node["enum"] if not any(same(v, b) for b in banned)]
             if kept:
                 node["enum"] = kept
                 del node["not"]
@@ -126,19 +125,3 @@ def _negate_type(node: dict[str, Any], negated: Any) -> None:
     if kept:
         node["type"] = kept[0] if len(kept) == 1 else kept
         del node["not"]
-
-
-def _same(x: Any, y: Any) -> bool:
-    """JSON equality (1 and 1.0 are one number)."""
-    return json.dumps(_whole(x), sort_keys=True) == json.dumps(_whole(y), sort_keys=True)
-
-
-def _whole(value: Any) -> Any:
-    """`value` with every whole float written as an int."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, list):
-        return [_whole(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _whole(v) for k, v in value.items()}
-    return value

@@ -14,15 +14,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from plait.backend.grammar.schema.automata import NOTHING, intersection
 from plait.backend.grammar.schema.formats import LEAP_SECOND_PATTERNS
 from plait.backend.grammar.schema.utils import (
     ANNOTATIONS,
     MAX_INTEGER_STEP,
     disjoint,
     has_type,
+    needs_escape,
     node_types,
     pattern_shape,
     resolve_ref,
+    searches,
 )
 
 Effect = Literal["loose", "strict"]
@@ -71,6 +74,7 @@ TYPE_KEYWORDS = {
 }
 RANGE_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 LOOKAROUND = re.compile(r"\(\?<?[=!]")
+MAX_PATTERN_PAIRS = 28  # patternProperties of more patterns are taken to overlap
 BOUNDED_THEN_OPTIONAL = re.compile(r"\{\d+(,\d*)?\}.*\)[?*]")
 
 
@@ -266,16 +270,12 @@ def _format(fmt: str) -> Iterator[Finding]:
 
 def _escaped_names(w: _Walker, node: dict[str, Any]) -> Iterator[Finding]:
     properties = node.get("properties")
-    if isinstance(properties, dict) and any(_needs_escape(name) for name in properties):
+    if isinstance(properties, dict) and any(needs_escape(name) for name in properties):
         yield (
             "properties",
             "loose",
             "a property name JSON writes with escapes is not matched (its value is unchecked)",
         )
-
-
-def _needs_escape(name: str) -> bool:
-    return any(ch in '"\\' or ord(ch) < 0x20 for ch in name)
 
 
 def _required(w: _Walker, node: dict[str, Any]) -> Iterator[Finding]:
@@ -317,19 +317,14 @@ def _pattern_properties(w: _Walker, node: dict[str, Any]) -> Iterator[Finding]:
 
 
 def _overlapping_names(patterns: dict[str, Any], properties: object) -> bool:
-    """Whether one name may fall under two schemas: two or more patterns, or a declared
-    property whose name a pattern matches."""
-    if len(patterns) > 1:
-        return True
+    """Whether one name may fall under two schemas: two patterns whose languages meet (up
+    to `MAX_PATTERN_PAIRS` checked), or a declared property whose name a pattern matches."""
     names = properties if isinstance(properties, dict) else {}
-    return any(_searches(pattern, name) for pattern in patterns for name in names)
-
-
-def _searches(pattern: str, name: str) -> bool:
-    try:
-        return re.search(pattern, name) is not None
-    except re.error:
-        return True  # a pattern Python cannot read: assume the worst
+    if any(searches(pattern, name) is not False for pattern in patterns for name in names):
+        return True
+    keys = list(patterns)
+    pairs = [(a, b) for i, a in enumerate(keys) for b in keys[i + 1 :]]
+    return len(pairs) > MAX_PATTERN_PAIRS or any(intersection(a, b) != NOTHING for a, b in pairs)
 
 
 def _enum_values(w: _Walker, node: dict[str, Any]) -> Iterator[Finding]:
