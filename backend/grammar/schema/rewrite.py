@@ -14,9 +14,11 @@ the grammar cannot enforce there. Branches that are pure `$ref`s are inlined for
 from __future__ import annotations
 
 import copy
+import functools
 import json
 from typing import Any
 
+from plait.backend.grammar.schema.arrays import Hoister
 from plait.backend.grammar.schema.booleans import booleans_as_objects
 from plait.backend.grammar.schema.conditions import Conditions
 from plait.backend.grammar.schema.formats import format_patterns
@@ -75,6 +77,8 @@ def rewrite_schema(schema: Any, *, strict_mode: bool = False) -> Any:
         return schema
     rewriter = _Rewriter(schema, split_types=movable)
     rewritten = rewriter.node(copy.deepcopy(schema), 0)
+    if rewriter.conditional:  # arrays with a grammar rule of their own go under `$defs`
+        rewritten = rewriter.hoister().hoist(rewritten)
     return booleans_as_objects(objects_as_enforced(rewritten), closed=strict_mode)
 
 
@@ -88,11 +92,17 @@ class _Rewriter:
         self.split_types = split_types
         self.copied = 0
         # unevaluated* read which keywords evaluated what, and refs left as written (with
-        # their `$id`s) may point into any subschema: there conditions keep their own form
+        # their `$id`s) may point into any subschema: there conditions (and arrays with
+        # `contains`) keep their own form
         self.conditional = split_types and '"unevaluated' not in json.dumps(root)
         self.merger = Merger(inline=self._inline)
-        negator = Negator(merger=self.merger, inline=self._inline, root=root)
-        self.conditions = Conditions(merger=self.merger, negator=negator)
+        self.negator = Negator(merger=self.merger, inline=self._inline, root=root)
+        self.conditions = Conditions(merger=self.merger, negator=self.negator)
+
+    def hoister(self) -> Hoister:
+        """Moves arrays that need a rule of their own, their item defs rewritten here."""
+        rewrite = functools.partial(self.node, depth=1)
+        return Hoister(merger=self.merger, negator=self.negator, rewrite=rewrite)
 
     def merge(self, a: Any, b: Any, *, depth: int) -> Any:
         return self.merger.merge(a, b, depth=depth)

@@ -84,11 +84,15 @@ COUNTS = (
 
 def whole_counts(node: dict[str, Any]) -> None:
     """Counts written as whole floats (`maxItems: 2.0`, which JSON Schema allows and
-    xgrammar refuses) as integers (in place)."""
+    xgrammar refuses) as integers; `minContains`/`maxContains` without `contains` (which
+    mean nothing, and xgrammar reads as item counts) dropped (in place)."""
     for key in COUNTS:
         value = node.get(key)
         if isinstance(value, float) and value.is_integer():
             node[key] = int(value)
+    if "contains" not in node:
+        node.pop("minContains", None)
+        node.pop("maxContains", None)
 
 
 def negations(node: dict[str, Any]) -> None:

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from plait.backend.grammar.schema.arrays import sequence_of
 from plait.backend.grammar.schema.automata import NOTHING, intersection
 from plait.backend.grammar.schema.formats import LEAP_SECOND_PATTERNS
 from plait.backend.grammar.schema.utils import (
@@ -42,6 +43,7 @@ ALWAYS_LOOSE = {
     "propertyNames": "property names are not checked",
     "$dynamicRef": "dynamic references are not followed",
 }
+SEQUENCE_KEYWORDS = ("contains", "minContains", "maxContains")
 FORMAT_GAPS = {
     "hostname": "label lengths and punycode labels are not checked",
     "ipv6": "an embedded IPv4 part may have leading zeros",
@@ -156,10 +158,11 @@ Finding = tuple[str, Effect, str]
 
 
 def _always_loose(w: _Walker, node: dict[str, Any]) -> Iterator[Finding]:
+    ruled = sequence_of(node) is not None  # an array with a rule of its own (arrays.py)
     for keyword, detail in ALWAYS_LOOSE.items():
-        if keyword in node:
+        if keyword in node and not (ruled and keyword in SEQUENCE_KEYWORDS):
             yield keyword, "loose", detail
-    if node.get("uniqueItems") is True:
+    if node.get("uniqueItems") is True and not ruled:
         yield "uniqueItems", "loose", "duplicate items are not rejected"
     if "unevaluatedProperties" in node and not w.strict_mode:
         yield "unevaluatedProperties", "loose", "properties left unevaluated are not rejected"
