@@ -25,7 +25,7 @@ scalars = st.one_of(
     st.none(),
     st.booleans(),
     st.integers(-3, 3),
-    st.sampled_from([0.5, -1.5, 2.25]),
+    st.sampled_from([0.5, -1.5, 2.25, 0.75, 4.5]),
     st.text("ab", max_size=3),
 )
 values = st.recursive(
@@ -40,6 +40,7 @@ leaf_keywords = st.one_of(
     st.builds(lambda t: {"type": t}, st.sampled_from(TYPES)),
     st.builds(lambda ts: {"type": ts}, st.lists(st.sampled_from(TYPES), min_size=1, max_size=3)),
     st.builds(lambda k, v: {k: v}, st.sampled_from(["minimum", "exclusiveMaximum"]), bounds),
+    st.builds(lambda v: {"multipleOf": v}, st.sampled_from([2, 0.5, 1.5, 0.25])),
     st.builds(lambda k, v: {k: v}, st.sampled_from(["minLength", "maxLength"]), bounds),
     st.builds(lambda k, v: {k: v}, st.sampled_from(["minItems", "maxProperties"]), bounds),
     st.builds(lambda p: {"pattern": p}, st.sampled_from(["^a", "b$", "^(ab)*$", "a"])),

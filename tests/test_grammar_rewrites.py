@@ -173,11 +173,15 @@ def test_negated_types_and_values_are_removed() -> None:
     }
     assert rewrite_schema({"enum": [1, 2, 3], "not": {"enum": [2]}}) == {"enum": [1, 3]}
     assert rewrite_schema({"enum": ["a", "b"], "not": {"const": "a"}}) == {"enum": ["b"]}
-    # the numbers that are not integers have no type; a fully negated enum allows nothing
-    kept = {"not": {"type": "integer"}}
-    assert rewrite_schema(kept) == kept
-    assert "not" in loose(kept)
-    assert rewrite_schema({"enum": [1], "not": {"enum": [1]}}) is False
+    # the numbers that are not integers have a rule of their own (numbers.py)
+    fractional = rewrite_schema({"not": {"type": "integer"}})
+    assert fractional["anyOf"] == [
+        {"type": ["null", "boolean", "object", "array", "string"]},
+        {"$ref": "#/$defs/plait_rule_a"},
+    ]
+    assert fractional["$defs"] == {"plait_rule_a": {"type": "number", "not": {"type": "integer"}}}
+    assert "not" not in loose({"not": {"type": "integer"}})
+    assert rewrite_schema({"enum": [1], "not": {"enum": [1]}}) is False  # nothing is left
 
 
 def test_copies_of_moved_targets_are_bounded() -> None:

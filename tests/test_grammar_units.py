@@ -39,10 +39,10 @@ def test_walker_names_each_unenforced_keyword() -> None:
         "type": "object",
         "properties": {
             "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
-            "n": {"type": "number", "multipleOf": 0.5},
+            "n": {"type": "number", "multipleOf": 0.123456789},  # too many remainders
             "k": {"type": "integer", "multipleOf": 3},
             "x": {"not": {"type": "array", "uniqueItems": True}},  # no complement
-            "y": {"if": {"type": "integer", "minimum": 0}, "then": {"type": "integer"}},
+            "y": {"if": {"type": "string", "format": "email"}, "then": {"maxLength": 9}},
             "z": {  # two tuples: their merge has no exact form here
                 "allOf": [
                     {"prefixItems": [{"type": "string"}]},
@@ -50,6 +50,7 @@ def test_walker_names_each_unenforced_keyword() -> None:
                 ]
             },
             "d": {"type": "string", "format": "date"},
+            "h": {"type": "number", "multipleOf": 0.5, "not": {"type": "integer"}},
         },
     }
     found = keywords(schema)
@@ -57,6 +58,7 @@ def test_walker_names_each_unenforced_keyword() -> None:
     warnings = gap_warnings(schema_gaps(rewrite_schema(schema)))
     assert any("'uniqueItems' is not enforced" in w and "/properties/tags" in w for w in warnings)
     assert not any("/properties/k" in w for w in warnings)  # integer multipleOf is enforced
+    assert not any("/properties/h" in w or "plait_rule" in w for w in warnings)  # its own rule
 
 
 def test_walker_follows_refs_and_ignores_unused_definitions() -> None:

@@ -21,9 +21,8 @@ import xgrammar as xgr
 
 from plait.backend.grammar.layout import COMPACT, COMPACT_SEPARATORS, resolve_layout, schema_grammar
 from plait.backend.grammar.regex_fsm import RegexFSM
-from plait.backend.grammar.schema.arrays import moved_arrays
+from plait.backend.grammar.schema.hoist import moved_rules, splice_rules
 from plait.backend.grammar.schema.rewrite import rewrite_schema
-from plait.backend.grammar.schema.sequences import splice_sequences
 from plait.backend.grammar.schema.warnings import SchemaGap, gap_warnings, schema_gaps
 from plait.backend.grammar.structural_tag import (
     StructuralTagError,
@@ -112,7 +111,7 @@ def json_schema_grammar(key: GrammarKey, **options: Any) -> tuple[xgr.Grammar, l
     schema = rewrite_schema(json.loads(key.text), strict_mode=key.strict_mode)
     text = json.dumps(schema, ensure_ascii=False)
     grammar = schema_grammar(text, layout=key.layout, strict_mode=key.strict_mode, **options)
-    grammar = splice_sequences(grammar, moved_arrays(schema), layout=key.layout)
+    grammar = splice_rules(grammar, moved_rules(schema), layout=key.layout)  # hoist.py
     return grammar, schema_gaps(schema, strict_mode=key.strict_mode)
 
 

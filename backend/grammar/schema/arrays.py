@@ -1,57 +1,35 @@
-"""Arrays whose valid item sequences no JSON Schema xgrammar enforces can write, given a
-grammar rule of their own: `contains` with `minContains`/`maxContains`, and `uniqueItems`
-over a finite set of values.
+"""Arrays whose valid item sequences no JSON Schema xgrammar enforces can write: which rule
+of its own (sequences.py) a moved array schema gets (hoist.py moves them).
 
 No finite union of tuples holds "at least one item matches" for arrays of any length, nor
-"no value twice"; but both are regular languages over the items, which a grammar writes
-(sequences.py). The array's schema is moved under the root's `$defs` as
-`plait_rule_<letters>` (xgrammar's converter names its rule `defs_plait_rule_<letters>`;
-it drops digits from `$defs` names), in a form that still means the same:
+"no value twice"; but both are regular languages over the items. The moved schema still
+means what the array did:
 
 - contains C, items I: `{"type": "array", "items": {"anyOf": [{"$ref": M}, {"$ref": O}]},
   "contains": C, ...}`, M = I and C, O = I and not C (negate.py); without `maxContains`,
-  O may be I itself (an item matching C may then count or not: "at least" holds either way).
-  A C every item matches, or none can, is a bound on the array's length instead;
+  O may be I itself (an item matching C may then count or not: "at least" holds either way);
 - uniqueItems over the values of an `enum`/`const`, `boolean`/`null`, or a small integer
-  range, as written.
+  range (per `prefixItems` position, and for the items after them), as written.
 
-sequences.py then writes the rule from the moved schema (`sequence_of` reads it, for the
-splice and for the warning walker alike). Bounded: `MAX_STATES` counter states, at most
-`MAX_VALUES` distinct values (their subsets); past a bound the array stays as it was, and
-its keyword stays warned.
+Bounded: `MAX_STATES` counter states, at most `MAX_VALUES` distinct values (their subsets);
+past a bound the array has no rule, and its keyword stays warned.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
-from plait.backend.grammar.schema.merge import Merger, contradicts
-from plait.backend.grammar.schema.negate import Negator
-from plait.backend.grammar.schema.sequences import Counted, Distinct, satisfiable
-from plait.backend.grammar.schema.utils import ANNOTATIONS, NEVER, is_number, map_subschemas, same
+from plait.backend.grammar.schema.sequences import Counted, Distinct
+from plait.backend.grammar.schema.utils import ANNOTATIONS, is_number, same
 
-RULE_PREFIX = "plait_rule_"
 MATCH, OTHER = "_match", "_other"
 MAX_STATES = 2048
 MAX_VALUES = 10
-DEF_KEYS = ("$defs", "definitions")
 COUNTED_KEYS = {"type", "items", "contains", "minContains", "maxContains", "minItems", "maxItems"}
 DISTINCT_KEYS = {"type", "items", "prefixItems", "uniqueItems", "minItems", "maxItems"}
 SCALAR_TYPES: dict[str, list[Any]] = {"boolean": [True, False], "null": [None]}
 INTEGER_BOUNDS = ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum")
-
-
-def moved_arrays(schema: Any) -> dict[str, Counted | Distinct]:
-    """The rule of each array the hoister moved, by its `$defs` name."""
-    defs = schema.get("$defs") if isinstance(schema, dict) else None
-    out = {}
-    for name, node in (defs or {}).items():
-        rule = sequence_of(node) if name.startswith(RULE_PREFIX) else None
-        if rule is not None:
-            out[name] = rule
-    return out
 
 
 def sequence_of(node: Any) -> Counted | Distinct | None:
@@ -163,86 +141,3 @@ def _integers(items: dict[str, Any]) -> list[int] | None:
     if not lows or not highs or min(highs) - max(lows) >= MAX_VALUES:
         return None
     return list(range(max(lows), min(highs) + 1))
-
-
-class Hoister:
-    """Moves each array with a rule of its own under `$defs` (above)."""
-
-    def __init__(self, *, merger: Merger, negator: Negator, rewrite: Any) -> None:
-        self.merger, self.negator, self.rewrite = merger, negator, rewrite
-        self.defs: dict[str, Any] = {}
-        self.count = 0
-
-    def hoist(self, schema: Any) -> Any:
-        """`schema` with its arrays moved; unchanged when it is not an object or already
-        names `plait_rule` (its own `$defs` could then meet the names)."""
-        if not isinstance(schema, dict) or RULE_PREFIX.rstrip("_") in json.dumps(schema):
-            return schema
-        out = map_subschemas(schema, self._array)
-        if not self.defs or not isinstance(out, dict):
-            return out
-        return {**out, "$defs": {**out.get("$defs", {}), **self.defs}}
-
-    def _array(self, node: dict[str, Any]) -> Any:
-        if node.get("type") != "array":
-            return node
-        if "contains" in node:
-            return self._contains(node)
-        moved = {k: v for k, v in node.items() if k not in DEF_KEYS}
-        return self._moved(node, moved, {}) if node.get("uniqueItems") is True else node
-
-    def _contains(self, node: dict[str, Any]) -> Any:
-        condition, items = node["contains"], node.get("items", {})
-        if not set(node) - ANNOTATIONS - set(DEF_KEYS) <= COUNTED_KEYS or not isinstance(
-            items, dict
-        ):
-            return node
-        match = self.merger.merge(items, condition, depth=0)
-        unless = self.negator.negate(condition, depth=0)
-        other: Any = items if unless is None and "maxContains" not in node else None
-        if unless is not None:
-            other = self.merger.merge(items, unless, depth=0)
-        if match is None or other is None:
-            return node
-        if match is NEVER or other is NEVER:  # no item matches, or every item does
-            return _as_lengths(node, every=other is NEVER)
-        name = RULE_PREFIX + _letters(self.count)
-        refs = [{"$ref": f"#/$defs/{name}{end}"} for end in (MATCH, OTHER)]
-        moved = {k: v for k, v in node.items() if k not in DEF_KEYS}
-        parts = {name + MATCH: self.rewrite(match), name + OTHER: self.rewrite(other)}
-        return self._moved(node, {**moved, "items": {"anyOf": refs}}, parts)
-
-    def _moved(self, node: dict[str, Any], schema: dict[str, Any], parts: dict[str, Any]) -> Any:
-        """`node` as a `$ref` to `schema` under a new name (with the defs `parts`), when
-        `sequence_of` gives it a rule (False when no array meets it)."""
-        rule = sequence_of(schema)
-        if rule is None:
-            return node
-        if not satisfiable(rule):
-            return False
-        name = RULE_PREFIX + _letters(self.count)
-        self.count += 1
-        self.defs.update({name: schema, **parts})
-        return {"$ref": f"#/$defs/{name}", **{k: node[k] for k in DEF_KEYS if k in node}}
-
-
-def _as_lengths(node: dict[str, Any], *, every: bool) -> Any:
-    """`contains` when every item matches (the matches are the items) or none can."""
-    low, high = node.get("minContains", 1), node.get("maxContains")
-    rest = {k: v for k, v in node.items() if k not in ("contains", "minContains", "maxContains")}
-    if not every:
-        return rest if low == 0 else False
-    rest["minItems"] = max(rest.get("minItems", 0), low)
-    if high is not None:
-        rest["maxItems"] = min(rest.get("maxItems", high), high)
-    return False if contradicts(rest) else rest
-
-
-def _letters(index: int) -> str:
-    """`index` in letters (a, b, .., z, ba, ..): xgrammar keeps no digit of a `$defs` name."""
-    out = ""
-    while True:
-        out = chr(ord("a") + index % 26) + out
-        index //= 26
-        if index == 0:
-            return out

@@ -1,8 +1,9 @@
 """Patterns as automata and back: a pattern's DFA (interegular), the lengths it matches, its
 complement, and a DFA written back as one regular expression by state elimination.
 
-The expressions written here hold no `+` (xgrammar's regex drops the first element of an
-optional group that holds one). Every expression is bounded (`MAX_REGEX_CHARS`,
+The expressions written here hold no `+` and no optional group `(?:...)?`: xgrammar's regex
+drops the first element of an optional group holding a repetition (`(?:b[a-z]*)?` matches
+"a"); an optional part is written `(?:...|)`. Every expression is bounded (`MAX_REGEX_CHARS`,
 `MAX_ELIMINATED_STATES`); past a bound the caller gets None and keeps the keyword as it was
 (and its warning).
 """
@@ -189,7 +190,7 @@ def _union(edges: dict[tuple[Any, Any], str], edge: tuple[Any, Any], expr: str) 
     if old is None or old == expr:
         joined = expr
     elif "" in (old, expr):
-        joined = f"(?:{old or expr})?"
+        joined = f"(?:{old or expr}|)"
     else:
         joined = f"(?:{old}|{expr})"
     if len(joined) > MAX_REGEX_CHARS:

@@ -40,6 +40,13 @@ class Condition:
     schema: Any
 
 
+def _numeric(node: dict[str, Any]) -> bool:
+    """A number's `not` of `integer` or of a step: a rule of its own enforces it."""
+    negated = node.get("not")
+    numbers = node.get("type") in ("number", "integer")
+    return numbers and (negated == {"type": "integer"} or set(negated or {}) == {"multipleOf"})
+
+
 class Conditions:
     """The conditions of one schema object (`found`), each with its exact form."""
 
@@ -49,7 +56,7 @@ class Conditions:
 
     def found(self, node: dict[str, Any], *, depth: int) -> list[Condition]:
         out = []
-        if "not" in node:
+        if "not" in node and not _numeric(node):
             negated = self.negator.negate(node["not"], depth=depth)
             out += [] if negated is None else [Condition(("not",), negated)]
         if any(k in node for k in ("if", "then", "else")):

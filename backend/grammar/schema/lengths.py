@@ -107,7 +107,7 @@ class _Product:
         if not parts:
             return "" if ends else None
         body = parts[0] if len(parts) == 1 else "(?:" + "|".join(parts) + ")"
-        return f"(?:{body})?" if ends else body
+        return f"(?:{body}|)" if ends else body  # not `?`: see automata.py
 
     def _language(self, state: Any) -> str | None:
         """The DFA's own language from `state` (automata.language, by state elimination)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from fractions import Fraction
 from typing import Any
 
 from plait.backend.grammar.schema.automata import NOTHING, intersection
@@ -168,6 +169,8 @@ def contradicts(node: dict[str, Any]) -> bool:
     types = node_types(node)
     if not types:
         return False
+    if types == {"integer"} and node.get("not") == {"type": "integer"}:
+        return True
     return all(_empty_type(node, t) for t in types)
 
 
@@ -224,8 +227,9 @@ def merge_scalar(key: str, *, x: Any, y: Any) -> Any:
         return _merge_enum(key, x=x, y=y)
     if key in LOWER_BOUNDS + UPPER_BOUNDS and is_number(x) and is_number(y):
         return max(x, y) if key in LOWER_BOUNDS else min(x, y)
-    if key == "multipleOf" and all(isinstance(v, int) and is_number(v) for v in (x, y)):
-        return math.lcm(x, y) if x > 0 and y > 0 else None
+    steps = is_number(x) and is_number(y) and 0 < min(x, y) <= max(x, y) < math.inf
+    if key == "multipleOf" and steps:
+        return _common_multiple(x, y)
     if key == "pattern" and isinstance(x, str) and isinstance(y, str):
         both = intersection(x, y)  # None for a pattern without a DFA (or unanchored)
         return NEVER if both == NOTHING else both
@@ -234,6 +238,14 @@ def merge_scalar(key: str, *, x: Any, y: Any) -> Any:
     if key == "not":
         return {"anyOf": [x, y]}
     return None
+
+
+def _common_multiple(x: Any, y: Any) -> Any:
+    """The least common multiple of two steps, decimals too (lcm(1.5, 2) = 6): a multiple of
+    both is one of it."""
+    a, b = Fraction(repr(x)), Fraction(repr(y))
+    both = Fraction(math.lcm(a.numerator, b.numerator), math.gcd(a.denominator, b.denominator))
+    return both.numerator if both.denominator == 1 else float(both)
 
 
 def _merge_types(x: Any, y: Any) -> Any:

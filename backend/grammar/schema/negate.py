@@ -14,8 +14,9 @@ Each keyword's failures have an exact form or none: bounds flip (`minimum` 5 fai
 intervals between the numbers; a missing `required` name is a `false` property; `allOf`
 fails where one branch fails, `anyOf` where all do (their intersection, merge.py);
 `if`/`then`/`else` where the condition holds and `then` fails, or it does not and `else`
-fails. What has no form here (an `integer` type without `number`: the numbers that are not
-integers have no type; `multipleOf`; `uniqueItems`; `items` after `prefixItems`;
+fails. The numbers that are not integers, or not multiples of a step, stay `not` of
+`integer` or of `multipleOf` beside `"type": "number"`, which a rule of their own enforces
+(numbers.py, hoist.py). What has no form here (`uniqueItems`; `items` after `prefixItems`;
 `additionalProperties`) makes the whole complement None, and the caller keeps the keyword
 (and its warning).
 """
@@ -31,6 +32,7 @@ from plait.backend.grammar.schema.types import JSON_TYPES
 from plait.backend.grammar.schema.utils import ANNOTATIONS, NEVER, disjoint, is_number, node_types
 
 MAX_VALUES = 32  # an enum of more values is not negated
+NOT_INTEGER = {"type": "number", "not": {"type": "integer"}}
 FLIPPED = {
     "minimum": ("number", "exclusiveMaximum"),
     "maximum": ("number", "exclusiveMinimum"),
@@ -66,10 +68,7 @@ class Negator:
             return None
         branches: Branches = []
         if "type" in schema:
-            others = other_types(node_types(schema))
-            if others is None:
-                return None
-            branches += [{"type": _one(others)}] if others else []
+            branches += other_types(node_types(schema))
         for key in sorted(set(schema) - ANNOTATIONS - INERT - {"type"}):
             failing = self._failing(key, schema, depth)
             if failing is None:
@@ -98,6 +97,7 @@ class Negator:
             "oneOf": self._one_of,
             "if": self._conditional,
             "uniqueItems": lambda v, s, d: [] if v is False else None,
+            "multipleOf": lambda v, s, d: [{"type": "number", "not": {"multipleOf": v}}],
             "items": lambda v, s, d: [] if v in ({}, True) and "prefixItems" not in s else None,
             "additionalProperties": lambda v, s, d: [] if v in ({}, True) else None,
             "patternProperties": lambda v, s, d: [] if v == {} else None,
@@ -209,12 +209,13 @@ class Negator:
         return out
 
 
-def other_types(types: set[str]) -> list[str] | None:
-    """The JSON types not in `types` ("number" covering integers); None when `types` has
-    `integer` without `number` (the other numbers have no type)."""
-    if "integer" in types and "number" not in types:
-        return None
-    return [t for t in JSON_TYPES if t not in types]
+def other_types(types: set[str]) -> Branches:
+    """The values of the JSON types not in `types` ("number" covering integers): when
+    `types` has `integer` without `number`, the numbers that are not integers are a branch
+    of their own (which only a rule of its own enforces, numbers.py)."""
+    fractional = "integer" in types and "number" not in types
+    others = [t for t in JSON_TYPES if t not in types and not (t == "number" and fractional)]
+    return [*([{"type": _one(others)}] if others else []), *([NOT_INTEGER] if fractional else [])]
 
 
 def outside_values(values: Any) -> Branches | None:

@@ -18,19 +18,25 @@ import functools
 import json
 from typing import Any
 
-from plait.backend.grammar.schema.arrays import Hoister
 from plait.backend.grammar.schema.booleans import booleans_as_objects
 from plait.backend.grammar.schema.conditions import Conditions
 from plait.backend.grammar.schema.formats import format_patterns
+from plait.backend.grammar.schema.hoist import Hoister
 from plait.backend.grammar.schema.lengths import lengths_into_pattern
-from plait.backend.grammar.schema.merge import Merger
+from plait.backend.grammar.schema.merge import Merger, contradicts
 from plait.backend.grammar.schema.negate import Negator
+from plait.backend.grammar.schema.numbers import integral_steps
 from plait.backend.grammar.schema.objects import objects_as_enforced
 from plait.backend.grammar.schema.refs import resolve_refs
-from plait.backend.grammar.schema.types import negations, split_by_type, whole_counts
+from plait.backend.grammar.schema.types import (
+    drop_inapplicable,
+    negations,
+    split_by_type,
+    whole_bounds,
+    whole_counts,
+)
 from plait.backend.grammar.schema.utils import (
     ANNOTATIONS,
-    MAX_INTEGER_STEP,
     NEVER,
     SUBSCHEMA_LISTS,
     SUBSCHEMA_MAPS,
@@ -48,22 +54,6 @@ MAX_COPIED_CHARS = 2_000_000  # JSON the merges may copy, in all (a small schema
 ANY_TEXT = "[\\s\\S]*"
 
 
-def _integral_steps(node: dict[str, Any]) -> None:
-    """A number with a whole `multipleOf` (5, 2.0) is an integer (JSON Schema counts 10.0 as
-    one): the type becomes integer, which xgrammar steps exactly up to MAX_INTEGER_STEP (in
-    place)."""
-    step, types = node.get("multipleOf"), node.get("type")
-    if not isinstance(step, (int, float)) or isinstance(step, bool):
-        return
-    if not 1 <= step <= MAX_INTEGER_STEP or step % 1 or "number" not in str(types):
-        return
-    node["multipleOf"] = int(step)
-    if types == "number":
-        node["type"] = "integer"
-    elif isinstance(types, list):
-        node["type"] = list(dict.fromkeys("integer" if t == "number" else t for t in types))
-
-
 def rewrite_schema(schema: Any, *, strict_mode: bool = False) -> Any:
     """An equivalent schema with combinators merged with their sibling keywords;
     `strict_mode`: as xgrammar's, objects without `additionalProperties` are closed."""
@@ -77,7 +67,7 @@ def rewrite_schema(schema: Any, *, strict_mode: bool = False) -> Any:
         return schema
     rewriter = _Rewriter(schema, split_types=movable)
     rewritten = rewriter.node(copy.deepcopy(schema), 0)
-    if rewriter.conditional:  # arrays with a grammar rule of their own go under `$defs`
+    if rewriter.conditional:  # schemas with a grammar rule of their own go under `$defs`
         rewritten = rewriter.hoister().hoist(rewritten)
     return booleans_as_objects(objects_as_enforced(rewritten), closed=strict_mode)
 
@@ -136,13 +126,13 @@ class _Rewriter:
 
     def _local(self, node: dict[str, Any], depth: int) -> Any:
         """The rewrites of one node whose children are rewritten already."""
-        whole_counts(node)
+        for rule in (whole_counts, drop_inapplicable, integral_steps, whole_bounds):
+            rule(node)
         node = narrowed(node)
-        if node is NEVER:
+        if node is NEVER or contradicts(node):
             return False
         negations(node)
         _anchor_patterns(node)
-        _integral_steps(node)
         format_patterns(node)
         rewritten = self._conditions(node, depth)
         if rewritten is not node:

@@ -1,6 +1,6 @@
-"""The grammar rules of the arrays arrays.py moves under `$defs`, spliced into xgrammar's
-grammar in place of the rules its converter wrote for them (which ignore `contains`,
-`minContains`, `maxContains` and `uniqueItems`).
+"""The grammar rules of moved arrays (hoist.py, arrays.py): splice.py puts them in place of
+the rules xgrammar's converter wrote for them (which ignore `contains`, `minContains`,
+`maxContains` and `uniqueItems`).
 
 Each rule is an automaton over the array's items, one EBNF rule per state, in the layout's
 own brackets and separators:
@@ -18,14 +18,11 @@ a dead end. The sizes are bounded where the schema is moved (arrays.py).
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import xgrammar as xgr
-
-from plait.backend.grammar.layout import GAP_RULE, array_tokens, gap_rule
+from plait.backend.grammar.layout import array_tokens
 
 
 @dataclass(frozen=True)
@@ -64,38 +61,9 @@ State = tuple[int, int]
 Rules = dict[str, list[str]]  # rule name -> its alternatives
 
 
-def splice_sequences(
-    grammar: xgr.Grammar, moved: dict[str, Counted | Distinct], *, layout: str
-) -> xgr.Grammar:
-    """`grammar` (xgrammar's, of a rewritten schema) with the rule of each moved array
-    (`$defs` name -> its rule, arrays.moved_arrays) replaced by its exact one; `grammar`
-    itself when there is none. An array the converter wrote no rule for (under a keyword
-    it ignores, like `not`) is not in the grammar at all."""
-    lines = str(grammar).splitlines()
-    text = "\n".join(lines)
-    used = {n: rule for n, rule in moved.items() if re.search(rf"\bdefs_{n}\b", text)}
-    if not used:
-        return grammar
-    for name, rule in used.items():
-        lines = _replaced(lines, f"defs_{name}", sequence_rules(f"defs_{name}", rule, layout))
-    if GAP_RULE in " ".join(lines) and not any(line.startswith(GAP_RULE) for line in lines):
-        lines.append(gap_rule(layout))
-    return xgr.Grammar.from_ebnf("\n".join(lines) + "\n")
-
-
 def satisfiable(spec: Counted | Distinct) -> bool:
     """Whether some array meets the rule."""
     return START in _live(_steps(spec))
-
-
-def _replaced(lines: list[str], rule: str, rules: Rules) -> list[str]:
-    """`lines` with `rule`'s line replaced by `rules` (the first of them `rule` itself)."""
-    head = f"{rule} ::= "
-    found = [i for i, line in enumerate(lines) if line.startswith(head)]
-    if len(found) != 1:  # the names are chosen so that this cannot happen
-        raise RuntimeError(f"the converted grammar has {len(found)} rules {rule}")
-    written = [f"{name} ::= {' | '.join(alts)}" for name, alts in rules.items()]
-    return lines[: found[0]] + written + lines[found[0] + 1 :]
 
 
 def sequence_rules(rule: str, spec: Counted | Distinct, layout: str) -> Rules:
@@ -177,7 +145,7 @@ class _Machine:
             self.rules[self.name(state)] = after + (['""'] if steps.accepting(state) else [])
 
     def name(self, state: State) -> str:
-        return f"{self.rule}_{state[0]}_{state[1]}"
+        return f"plait_{self.rule}_q{state[0]}_{state[1]}"  # xgrammar's helpers: <rule>_<n>
 
     def accepting(self, state: State) -> bool:
         return self.steps.accepting(state)

@@ -17,6 +17,7 @@ types), a `$ref` or a combinator keep their form (the warning walker reports the
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from plait.backend.grammar.schema.utils import ANNOTATIONS, same
@@ -93,6 +94,42 @@ def whole_counts(node: dict[str, Any]) -> None:
     if "contains" not in node:
         node.pop("minContains", None)
         node.pop("maxContains", None)
+
+
+def whole_bounds(node: dict[str, Any]) -> None:
+    """An integer's fractional bounds as whole ones (`minimum: 0.5` is `minimum: 1`), which
+    JSON Schema allows and xgrammar refuses (in place)."""
+    if node.get("type") != "integer":
+        return
+    rounded = {
+        "minimum": ("minimum", math.ceil),
+        "exclusiveMinimum": ("minimum", lambda b: math.floor(b) + 1),
+        "maximum": ("maximum", math.floor),
+        "exclusiveMaximum": ("maximum", lambda b: math.ceil(b) - 1),
+    }
+    for key, (whole, rounding) in rounded.items():
+        bound = node.get(key)
+        if isinstance(bound, float) and math.isfinite(bound) and not bound.is_integer():
+            del node[key]
+            value = rounding(bound)
+            node[whole] = (
+                max(node.get(whole, value), value)
+                if whole == "minimum"
+                else min(node.get(whole, value), value)
+            )
+
+
+def drop_inapplicable(node: dict[str, Any]) -> None:
+    """Keywords of types the node's `type` excludes (`multipleOf` beside `"type": "null"`)
+    dropped: they constrain no value it allows (in place)."""
+    types = node.get("type")
+    names = {types} if isinstance(types, str) else set(types) if isinstance(types, list) else None
+    if names is None:
+        return
+    if "integer" in names:
+        names.add("number")
+    for keyword in [k for k in node if k in _OWNER and _OWNER[k] not in names]:
+        del node[keyword]
 
 
 def negations(node: dict[str, Any]) -> None:

@@ -61,17 +61,22 @@ def map_subschemas(node: Any, rule: Callable[[dict[str, Any]], Any]) -> Any:
     """`node` with `rule` applied bottom-up to every schema object in it (a copy)."""
     if not isinstance(node, dict):
         return node
+    return rule(map_children(node, lambda child: map_subschemas(child, rule)))
+
+
+def map_children(node: dict[str, Any], change: Callable[[Any], Any]) -> dict[str, Any]:
+    """A copy of `node` with `change` applied to each of its direct subschemas."""
     out: dict[str, Any] = {}
     for key, value in node.items():
         if (key in SUBSCHEMA_LISTS or key == "items") and isinstance(value, list):
-            out[key] = [map_subschemas(v, rule) for v in value]
+            out[key] = [change(v) for v in value]
         elif key in SUBSCHEMA_MAPS and isinstance(value, dict):
-            out[key] = {name: map_subschemas(v, rule) for name, v in value.items()}
+            out[key] = {name: change(v) for name, v in value.items()}
         elif key in SUBSCHEMA_ONES:
-            out[key] = map_subschemas(value, rule)
+            out[key] = change(value)
         else:
             out[key] = value
-    return rule(out)
+    return out
 
 
 def needs_escape(name: str) -> bool:

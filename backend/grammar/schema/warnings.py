@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from plait.backend.grammar.schema.arrays import sequence_of
 from plait.backend.grammar.schema.automata import NOTHING, intersection
 from plait.backend.grammar.schema.formats import LEAP_SECOND_PATTERNS
+from plait.backend.grammar.schema.hoist import is_moved, rule_of
 from plait.backend.grammar.schema.utils import (
     ANNOTATIONS,
     MAX_INTEGER_STEP,
@@ -43,7 +43,9 @@ ALWAYS_LOOSE = {
     "propertyNames": "property names are not checked",
     "$dynamicRef": "dynamic references are not followed",
 }
-SEQUENCE_KEYWORDS = ("contains", "minContains", "maxContains")
+# Keywords a moved schema's own rule enforces (arrays: the counts; numbers: `not` integer
+# or multiple).
+RULED_KEYWORDS = ("contains", "minContains", "maxContains", "not")
 FORMAT_GAPS = {
     "hostname": "label lengths and punycode labels are not checked",
     "ipv6": "an embedded IPv4 part may have leading zeros",
@@ -118,10 +120,13 @@ class _Walker:
         self.strict_mode = strict_mode
         self.gaps: list[SchemaGap] = []
         self.seen: set[str] = set()
+        self.ruled = False
 
     def visit(self, node: Any, path: str) -> None:
         if not isinstance(node, dict):
             return
+        # a schema moved under `$defs` with a grammar rule of its own (hoist.py)
+        self.ruled = is_moved(path) and rule_of(node) is not None
         for rule in RULES:
             for keyword, effect, detail in rule(self, node):
                 self.gaps.append(SchemaGap(keyword, path, effect, detail))
@@ -129,8 +134,10 @@ class _Walker:
         if isinstance(ref, str) and ref.startswith("#") and ref not in self.seen:
             self.seen.add(ref)
             self.visit(resolve_ref(self.root, ref), ref[1:])
+        ruled = self.ruled
         for key, child in _children(node, path):
-            self.visit(child, key)
+            if not (ruled and key.rpartition("/")[2] in ("not", "contains")):
+                self.visit(child, key)  # (a rule enforces those of a moved schema)
 
 
 def _children(node: dict[str, Any], path: str) -> Iterator[tuple[str, Any]]:
@@ -158,11 +165,10 @@ Finding = tuple[str, Effect, str]
 
 
 def _always_loose(w: _Walker, node: dict[str, Any]) -> Iterator[Finding]:
-    ruled = sequence_of(node) is not None  # an array with a rule of its own (arrays.py)
     for keyword, detail in ALWAYS_LOOSE.items():
-        if keyword in node and not (ruled and keyword in SEQUENCE_KEYWORDS):
+        if keyword in node and not (w.ruled and keyword in RULED_KEYWORDS):
             yield keyword, "loose", detail
-    if node.get("uniqueItems") is True and not ruled:
+    if node.get("uniqueItems") is True and not w.ruled:
         yield "uniqueItems", "loose", "duplicate items are not rejected"
     if "unevaluatedProperties" in node and not w.strict_mode:
         yield "unevaluatedProperties", "loose", "properties left unevaluated are not rejected"
@@ -170,7 +176,7 @@ def _always_loose(w: _Walker, node: dict[str, Any]) -> Iterator[Finding]:
 
 def _multiple_of(w: _Walker, node: dict[str, Any]) -> Iterator[Finding]:
     step = node.get("multipleOf")
-    if step is None:
+    if step is None or w.ruled:
         return
     integral = node_types(node) == {"integer"} and isinstance(step, int)
     if not integral:
