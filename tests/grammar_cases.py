@@ -216,6 +216,10 @@ def _drop(node: dict[str, Any], gap: SchemaGap) -> None:
             node.pop(key, None)
     elif gap.keyword == "oneOf" and "anyOf" not in node:
         node["anyOf"] = node.pop("oneOf")
+    elif gap.keyword == "patternProperties" and "several patterns" in gap.detail:
+        node.pop("patternProperties", None)  # with the other names' pattern (objects.py)
+        if node.get("additionalProperties") is False:
+            del node["additionalProperties"]
     elif gap.keyword == "required":
         declared = node.get("properties") or {}
         node["required"] = [n for n in node.get("required", []) if n in declared]

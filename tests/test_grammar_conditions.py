@@ -6,15 +6,18 @@ accepts exactly the valid values."""
 from __future__ import annotations
 
 import json
+import random
 import re
 from typing import Any
 
+import xgrammar as xgr
 from grammar_cases import validates
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from schema_suite import SuiteRunner
 
-from plait.backend.grammar.compiler import GrammarError
+from plait.backend.grammar.compiler import GrammarError, GrammarKey, json_schema_grammar
+from plait.backend.grammar.layout import DUMPS
 from plait.backend.grammar.schema.rewrite import rewrite_schema
 from plait.backend.grammar.schema.warnings import schema_gaps
 
@@ -168,3 +171,42 @@ def test_a_dependency_product_is_bounded(names: list[str]) -> None:
     assert len(json.dumps(rewritten)) < 200_000
     if "dependentRequired" in json.dumps(rewritten):
         assert "dependentRequired" in {g.keyword for g in schema_gaps(rewritten)}
+
+
+def test_random_walks_never_reach_a_dead_end() -> None:
+    """From every prefix the grammar allows, some character (or the end) is allowed: random
+    walks over a one-character vocabulary through the rewritten grammars, each step taken
+    among the allowed characters, never find an empty mask."""
+    chars = [chr(c) for c in range(32, 127)]
+    info = xgr.TokenizerInfo([*chars, "</s>"], stop_token_ids=[len(chars)])
+    compiler = xgr.GrammarCompiler(info, cache_enabled=False)
+    mask = xgr.allocate_token_bitmask(1, info.vocab_size)
+    rng = random.Random(0)
+    for schema in DEAD_END_CANDIDATES:
+        grammar, _ = json_schema_grammar(GrammarKey("json_schema", json.dumps(schema), DUMPS))
+        compiled = compiler.compile_grammar(grammar)
+        for _ in range(20):
+            matcher = xgr.GrammarMatcher(compiled)
+            for _ in range(120):
+                matcher.fill_next_token_bitmask(mask)
+                bits = mask[0].tolist()
+                allowed = [i for i in range(info.vocab_size) if bits[i // 32] >> (i % 32) & 1]
+                assert allowed, schema
+                token = rng.choice(allowed)
+                if token == len(chars):
+                    break
+                assert matcher.accept_token(token)
+
+
+DEAD_END_CANDIDATES = [
+    {"type": "object", "properties": {"n": {"type": "integer"}}, "dependentRequired": {"b": ["f"]}},
+    {"type": "object", "properties": {"a": {}}, "patternProperties": {"^x": {"type": "integer"}}},
+    {"not": {"required": ["a"]}},
+    {"type": "array", "contains": {"const": 1}, "minContains": 2, "maxContains": 3},
+    {"type": "array", "items": {"enum": ["a", "b", 1]}, "uniqueItems": True, "minItems": 2},
+    {"type": "number", "multipleOf": 0.25, "minimum": -1, "maximum": 3},
+    {"not": {"type": "integer"}},
+    {"not": {"enum": ["ab", "b", 2.5]}},
+    {"not": {"type": "string", "pattern": "^a"}},
+    {"if": {"properties": {"k": {"const": "a"}}}, "then": {"required": ["x"]}},
+]

@@ -115,10 +115,9 @@ def test_rewrite_leaves_what_it_cannot_merge_exactly() -> None:
         ]
     }
     patterned = {"allOf": [{"additionalProperties": False}, {"patternProperties": {"^a": {}}}]}
-    assert rewrite_schema(patterned)["allOf"] == [
-        {"additionalProperties": False},
-        {"patternProperties": {search_pattern("^a"): {}}},
-    ]
+    closed_first, patterns = rewrite_schema(patterned)["allOf"]
+    assert closed_first == {"additionalProperties": False}
+    assert search_pattern("^a") in patterns["patternProperties"]
     # two patterns meet in one (their DFAs' product), strings only
     [string, other] = rewrite_schema({"allOf": [{"pattern": "^a"}, {"pattern": "b$"}]})["anyOf"]
     assert string["type"] == "string" and "null" in other["type"]

@@ -54,7 +54,7 @@ def complement(pattern: str) -> str | None:
         body = language(rest, rest.initial)
     except (TooLarge, RecursionError):
         return None
-    return None if body is None else f"^{body}$"
+    return NOTHING if body is None else f"^{body}$"
 
 
 def intersection(first: str, second: str) -> str | None:

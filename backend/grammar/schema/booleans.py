@@ -23,9 +23,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from plait.backend.grammar.schema.objects import ban_names
+from plait.backend.grammar.schema.objects import ObjectForm, ban_names
 from plait.backend.grammar.schema.utils import SUBSCHEMA_LISTS, SUBSCHEMA_MAPS, SUBSCHEMA_ONES
 
+OPEN = ObjectForm()
 KEEP_BOOLEAN = (
     "additionalProperties",
     "unevaluatedProperties",
@@ -35,29 +36,28 @@ KEEP_BOOLEAN = (
 )
 
 
-def booleans_as_objects(node: Any, *, closed: bool = False) -> Any:
+def booleans_as_objects(node: Any, *, form: ObjectForm = OPEN) -> Any:
     """`node` with its boolean subschemas rewritten (above); True/False for a boolean node
-    left as it is (its parent decides). `closed`: objects without `additionalProperties`
-    allow no other properties (xgrammar's strict mode)."""
+    left as it is (its parent decides); `form`: what keeping names out may assume."""
     if not isinstance(node, dict):
         return node
     out: dict[str, Any] = {}
     for key, value in node.items():
-        out[key] = _child(key, value, closed=closed)
+        out[key] = _child(key, value, form=form)
     for rule in (_combinators, _not, _names, _items):
         out = rule(out)
         if out is False:
             return False
-    return _properties(out, closed=closed)
+    return _properties(out, form=form)
 
 
-def _child(key: str, value: Any, *, closed: bool) -> Any:
+def _child(key: str, value: Any, *, form: ObjectForm) -> Any:
     if key in SUBSCHEMA_LISTS and isinstance(value, list):
-        return [booleans_as_objects(v, closed=closed) for v in value]
+        return [booleans_as_objects(v, form=form) for v in value]
     if key in SUBSCHEMA_MAPS and isinstance(value, dict):
-        return {name: booleans_as_objects(v, closed=closed) for name, v in value.items()}
+        return {name: booleans_as_objects(v, form=form) for name, v in value.items()}
     if key in SUBSCHEMA_ONES:
-        sub = booleans_as_objects(value, closed=closed)
+        sub = booleans_as_objects(value, form=form)
         return {} if sub is True and key not in KEEP_BOOLEAN else sub
     return value
 
@@ -99,7 +99,7 @@ def _names(node: dict[str, Any]) -> Any:
     return node
 
 
-def _properties(node: dict[str, Any], *, closed: bool) -> Any:
+def _properties(node: dict[str, Any], *, form: ObjectForm) -> Any:
     properties = node.get("properties")
     if not isinstance(properties, dict):
         return node
@@ -110,7 +110,7 @@ def _properties(node: dict[str, Any], *, closed: bool) -> Any:
     if node.get("type") == "object" and any(n in required for n in banned):
         return False
     bannable = banned and not set(banned) & set(required)
-    kept_out = ban_names(node, banned, closed=closed) if bannable else None
+    kept_out = ban_names(node, banned, form=form) if bannable else None
     node = node if kept_out is None else kept_out
     if isinstance(node.get("properties"), dict):
         node["properties"] = {

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from plait.backend.grammar.schema.automata import complement, outside
+from plait.backend.grammar.schema.automata import NOTHING, complement, outside
 from plait.backend.grammar.schema.merge import Merger
 from plait.backend.grammar.schema.types import JSON_TYPES
 from plait.backend.grammar.schema.utils import ANNOTATIONS, NEVER, disjoint, is_number, node_types
@@ -260,7 +260,9 @@ def _flipped(key: str, value: Any) -> Branches | None:
 
 def _outside_pattern(pattern: Any) -> Branches | None:
     other = complement(pattern) if isinstance(pattern, str) else None
-    return None if other is None else [{"type": "string", "pattern": other}]
+    if other is None or other == NOTHING:  # (every string matches: none fails)
+        return None if other is None else []
+    return [{"type": "string", "pattern": other}]
 
 
 def _missing(names: Any) -> Branches | None:

@@ -1,6 +1,10 @@
 """Object keywords written in the forms xgrammar enforces: required names declared, names that
 may not appear kept out.
 
+- `patternProperties` beside open additional properties: the other names (neither declared
+  nor matched by a pattern) become one more pattern, with the schema of
+  `additionalProperties`, which becomes `false` (xgrammar would let a name a pattern matches
+  take the additional properties' schema instead).
 - A `required` name missing from `properties` is not enforced by xgrammar; it is declared
   with the schema its value has anyway: that of the one `patternProperties` pattern matching
   it, else `additionalProperties` (`{}` when open). When it can have no value at all
@@ -21,6 +25,7 @@ may not appear kept out.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from plait.backend.grammar.schema.automata import NOTHING, complement, intersection, outside
@@ -29,9 +34,37 @@ from plait.backend.grammar.schema.utils import map_subschemas, needs_escape, sea
 MAX_NAMES_CHARS = 20_000  # the pattern of the other names of an object, at most
 
 
-def objects_as_enforced(schema: Any) -> Any:
-    """`schema` with every object's required names declared (above)."""
-    return map_subschemas(schema, declare_required)
+@dataclass(frozen=True)
+class ObjectForm:
+    """What the object rewrites may assume: `closed`, an object without
+    `additionalProperties` allows no other names (xgrammar's strict mode); `evaluated`,
+    `unevaluatedProperties` somewhere reads which keyword evaluated each name, so no name
+    may move under a pattern of the other names."""
+
+    closed: bool = False
+    evaluated: bool = False
+
+
+def objects_as_enforced(schema: Any, *, form: ObjectForm) -> Any:
+    """`schema` with every object's required names declared and its other names under a
+    pattern of their own beside `patternProperties` (above)."""
+
+    def rule(node: dict[str, Any]) -> Any:
+        node = declare_required(node)
+        return _patterned(node, form=form) if isinstance(node, dict) else node
+
+    return map_subschemas(schema, rule)
+
+
+def _patterned(node: dict[str, Any], *, form: ObjectForm) -> dict[str, Any]:
+    """`patternProperties` beside open additional properties: xgrammar lets a name a
+    pattern matches take the additional properties' schema instead (and, with no
+    `properties`, allows no other name); the names no pattern matches and no property
+    declares get a pattern of their own, and `additionalProperties` becomes `false`."""
+    extra = node.get("additionalProperties")
+    if not node.get("patternProperties") or extra is False or (extra is None and form.closed):
+        return node
+    return ban_names(node, [], form=form) or node
 
 
 def declare_required(node: dict[str, Any]) -> Any:
@@ -73,11 +106,10 @@ def value_schema(node: dict[str, Any], name: str) -> Any:
 
 
 def ban_names(
-    node: dict[str, Any], banned: list[str], *, closed: bool = False
+    node: dict[str, Any], banned: list[str], *, form: ObjectForm
 ) -> dict[str, Any] | None:
     """`node` where no name of `banned` may appear (above), or None where that has no form
-    here; `closed`: an object without `additionalProperties` allows no other names (what
-    xgrammar's strict mode makes of it)."""
+    here."""
     patterns = node.get("patternProperties") or {}
     if any(needs_escape(n) for n in banned) or not isinstance(patterns, dict):
         return None
@@ -88,12 +120,15 @@ def ban_names(
     out = {k: v for k, v in node.items() if k not in ("properties", "patternProperties")}
     out.update({"properties": properties} if properties else {})
     extra = node.get("additionalProperties")
-    if extra is False or (extra is None and closed):
+    if extra is False or (extra is None and form.closed):
         return {**out, "patternProperties": kept_patterns} if kept_patterns else out
+    if form.evaluated:
+        return None
     others = _other_names([*banned, *properties], list(patterns))
     if others is None:
         return None
-    kept_patterns[others] = extra if isinstance(extra, dict) else {}
+    if others != NOTHING:  # (no name is left for the additional properties)
+        kept_patterns[others] = extra if isinstance(extra, dict) else {}
     return {**out, "patternProperties": kept_patterns, "additionalProperties": False}
 
 

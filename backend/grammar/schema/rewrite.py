@@ -26,7 +26,7 @@ from plait.backend.grammar.schema.lengths import lengths_into_pattern
 from plait.backend.grammar.schema.merge import Merger, contradicts
 from plait.backend.grammar.schema.negate import Negator
 from plait.backend.grammar.schema.numbers import integral_steps
-from plait.backend.grammar.schema.objects import objects_as_enforced
+from plait.backend.grammar.schema.objects import ObjectForm, objects_as_enforced
 from plait.backend.grammar.schema.refs import resolve_refs
 from plait.backend.grammar.schema.types import (
     drop_inapplicable,
@@ -62,14 +62,15 @@ def rewrite_schema(schema: Any, *, strict_mode: bool = False) -> Any:
     resolved = resolve_refs(schema)
     # refs left as they were may point anywhere in the tree: then no node may move
     movable = resolved is not schema or '"$ref"' not in json.dumps(schema)
-    schema = booleans_as_objects(resolved, closed=strict_mode)
+    form = ObjectForm(closed=strict_mode, evaluated='"unevaluated' in json.dumps(schema))
+    schema = booleans_as_objects(resolved, form=form)
     if not isinstance(schema, dict):
         return schema
     rewriter = _Rewriter(schema, split_types=movable)
     rewritten = rewriter.node(copy.deepcopy(schema), 0)
     if rewriter.conditional:  # schemas with a grammar rule of their own go under `$defs`
         rewritten = rewriter.hoister().hoist(rewritten)
-    return booleans_as_objects(objects_as_enforced(rewritten), closed=strict_mode)
+    return booleans_as_objects(objects_as_enforced(rewritten, form=form), form=form)
 
 
 class _Rewriter:

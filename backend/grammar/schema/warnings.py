@@ -26,6 +26,7 @@ from plait.backend.grammar.schema.utils import (
     node_types,
     pattern_shape,
     resolve_ref,
+    same,
     searches,
 )
 
@@ -313,9 +314,8 @@ def _pattern_properties(w: _Walker, node: dict[str, Any]) -> Iterator[Finding]:
             "checked against one of their schemas only",
         )
     extra = node.get("additionalProperties")
-    if "properties" in node and (
-        isinstance(extra, dict) and extra or (extra is None and not w.strict_mode)
-    ):
+    opened = extra is True or isinstance(extra, dict) or (extra is None and not w.strict_mode)
+    if "properties" in node and opened:
         yield (
             "patternProperties",
             "loose",
@@ -329,8 +329,11 @@ def _overlapping_names(patterns: dict[str, Any], properties: object) -> bool:
     """Whether one name may fall under two schemas: two patterns whose languages meet (up
     to `MAX_PATTERN_PAIRS` checked), or a declared property whose name a pattern matches."""
     names = properties if isinstance(properties, dict) else {}
-    if any(searches(pattern, name) is not False for pattern in patterns for name in names):
-        return True
+    for pattern, schema in patterns.items():
+        for name, declared in names.items():  # no matter when the declared schema is it
+            found = searches(pattern, name)
+            if found is not False and schema not in ({}, True) and not same(schema, declared):
+                return True
     keys = list(patterns)
     pairs = [(a, b) for i, a in enumerate(keys) for b in keys[i + 1 :]]
     return len(pairs) > MAX_PATTERN_PAIRS or any(intersection(a, b) != NOTHING for a, b in pairs)
