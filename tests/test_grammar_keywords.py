@@ -12,9 +12,13 @@ from typing import Any
 import jsonschema
 import pytest
 import xgrammar as xgr
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from xgrammar.testing import _is_grammar_accept_string as _accepts_text
 
 from plait.backend.grammar.compiler import GrammarKey, json_schema_grammar
 from plait.backend.grammar.layout import COMPACT
+from plait.backend.grammar.schema.formats import FORMAT_SHORTEST, LENGTH_FORMAT_PATTERNS
 from plait.backend.grammar.schema.lengths import MAX_REGEX_CHARS, lengths_into_pattern
 from plait.backend.grammar.schema.rewrite import rewrite_schema
 from plait.backend.grammar.schema.warnings import schema_gaps
@@ -173,3 +177,38 @@ def test_ipv4_is_written_as_a_pattern_without_leading_zeros() -> None:
     for value in ("1.2.3.4", "010.0.0.1", "255.255.255.255", "256.1.1.1", "0.0.0.0", "1.2.3"):
         assert accepts(schema, value) == validator.is_valid(value), value
     assert not schema_gaps(rewrite_schema(schema))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.text(alphabet="PTDWMYHS0129/~a#-Fx", max_size=9))
+def test_formats_written_as_patterns_beside_a_length_are_xgrammars(text: str) -> None:
+    """The patterns of uuid, duration and the JSON pointers match what xgrammar's own format
+    grammars match (on strings without escapes)."""
+    for fmt, pattern in LENGTH_FORMAT_PATTERNS.items():
+        grammar = xgr.Grammar.from_json_schema(json.dumps({"type": "string", "format": fmt}))
+        ours = re.fullmatch(pattern, text) is not None
+        assert _accepts_text(grammar, json.dumps(text)) == ours, (fmt, text)
+
+
+def test_lengths_beside_a_format() -> None:
+    """Folded into the format's pattern, or implied by the format's shortest value; other
+    formats keep their lengths, warned."""
+    uuid = {"type": "string", "format": "uuid", "maxLength": 36}
+    assert "maxLength" not in json.dumps(rewrite_schema(uuid))
+    short = {"type": "string", "format": "duration", "maxLength": 4}
+    for value, valid in [("P1D", True), ("P10D", True), ("P100D", False), ("PT1H", True)]:
+        assert accepts(short, value) == valid
+    for fmt, shortest in FORMAT_SHORTEST.items():  # implied: no warning
+        schema = {"type": "string", "format": fmt, "minLength": shortest}
+        lengths = {g.keyword for g in schema_gaps(schema)} & {"minLength", "maxLength"}
+        assert rewrite_schema(schema) == schema and not lengths
+        assert "minLength" in {
+            g.keyword for g in schema_gaps({**schema, "minLength": shortest + 1})
+        }
+    email = {"type": "string", "format": "email", "maxLength": 30}
+    assert [g.keyword for g in schema_gaps(rewrite_schema(email))] == ["maxLength"]
+    examples = {"email": "a@b", "hostname": "a", "uri": "a:", "ipv6": "::", "uri-reference": ""}
+    for fmt, text in examples.items():  # the shortest values exist
+        assert len(text) == FORMAT_SHORTEST[fmt] and accepts(
+            {"type": "string", "format": fmt}, text
+        )

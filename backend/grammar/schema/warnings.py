@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from plait.backend.grammar.schema.automata import NOTHING, intersection
-from plait.backend.grammar.schema.formats import LEAP_SECOND_PATTERNS
+from plait.backend.grammar.schema.formats import LEAP_SECOND_PATTERNS, implied_length
 from plait.backend.grammar.schema.hoist import is_moved, rule_of
 from plait.backend.grammar.schema.utils import (
     ANNOTATIONS,
@@ -237,6 +237,8 @@ def _strings(w: _Walker, node: dict[str, Any]) -> Iterator[Finding]:
         return
     pattern, fmt = node.get("pattern"), node.get("format")
     lengths = [k for k in ("minLength", "maxLength") if k in node]
+    if implied_length(node):  # the format's shortest value is long enough
+        lengths = []
     if (pattern is not None or fmt is not None) and lengths:
         for keyword in lengths:
             yield keyword, "loose", "ignored together with pattern/format"
