@@ -4,8 +4,8 @@ xgrammar writes an `enum`/`const` as its values and ignores every keyword beside
 included). The values are checked here against those keywords (types, numeric bounds and
 integral or decimal steps, lengths, a pattern Python's `re` reads, item and property counts,
 required names, another `enum`/`const`): the values that fail one are dropped, and the
-keywords every value could be checked against go, which leaves the exact enum. A keyword
-not checked here stays beside it (the warning walker reports it).
+keywords every value could be checked against go (but `type`), which leaves the exact
+enum. A keyword not checked here stays beside it (the warning walker reports it).
 """
 
 from __future__ import annotations
@@ -114,7 +114,8 @@ def narrowed(node: dict[str, Any]) -> Any:
             kept.append(value)
     if not kept:
         return NEVER
-    out = {k: v for k, v in node.items() if k not in beside or k in unknown}
+    # (`type` stays: it says nothing more then, and xgrammar's enum reads past it)
+    out = {k: v for k, v in node.items() if k not in beside or k in unknown or k == "type"}
     if key == "const":
         return out
     return {**out, "enum": kept}
