@@ -17,6 +17,7 @@ from typing import Any, Literal
 from plait.backend.grammar.schema.automata import NOTHING, intersection
 from plait.backend.grammar.schema.formats import LEAP_SECOND_PATTERNS, implied_length
 from plait.backend.grammar.schema.hoist import is_moved, rule_of
+from plait.backend.grammar.schema.numbers import Numeric
 from plait.backend.grammar.schema.utils import (
     ANNOTATIONS,
     MAX_INTEGER_STEP,
@@ -177,6 +178,12 @@ def _always_loose(w: _Walker, node: dict[str, Any]) -> Iterator[Finding]:
 
 def _multiple_of(w: _Walker, node: dict[str, Any]) -> Iterator[Finding]:
     step = node.get("multipleOf")
+    rule = rule_of(node) if w.ruled else None
+    if isinstance(rule, Numeric):  # numbers.py's own rule (integers never have exponents)
+        if rule.integral is not True:
+            keyword = "multipleOf" if step is not None else "not"
+            yield keyword, "strict", "numbers are written without an exponent"
+        return
     if step is None or w.ruled:
         return
     integral = node_types(node) == {"integer"} and isinstance(step, int)
