@@ -210,3 +210,40 @@ DEAD_END_CANDIDATES = [
     {"not": {"type": "string", "pattern": "^a"}},
     {"if": {"properties": {"k": {"const": "a"}}}, "then": {"required": ["x"]}},
 ]
+
+
+def test_hostile_schemas_stay_within_the_bounds() -> None:
+    """Expansions past their bounds keep the keyword (warned) instead of growing: thousands of
+    names beside a pattern, bounds of hundreds of digits, forty conditionals, counts past
+    the states of a rule."""
+    names = {f"property_name_{i}": {"type": "string"} for i in range(2000)}
+    cases = {  # (`a` may not appear without `b`: a `not` its object cannot keep out)
+        "not": {
+            "type": "object",
+            "properties": names,
+            "patternProperties": {"^x": {}},
+            "dependentRequired": {"a": ["b"]},
+        },  # fmt: skip
+        "multipleOf": {"type": "number", "multipleOf": 0.5, "minimum": 1e300},
+        "allOf": {
+            "allOf": [
+                {
+                    "if": {"properties": {f"k{i}": {"const": i}}, "required": [f"k{i}"]},
+                    "then": {"required": [f"v{i}"]},
+                }
+                for i in range(40)
+            ]
+        },  # fmt: skip
+        "contains": {
+            "type": "array",
+            "contains": {"const": 1},
+            "minContains": 40,
+            "maxContains": 50,
+            "maxItems": 40,
+        },  # fmt: skip
+    }
+    for keyword, schema in cases.items():  # (strict mode would close the object)
+        key = GrammarKey("json_schema", json.dumps(schema), DUMPS, strict_mode=False)
+        grammar, gaps = json_schema_grammar(key)
+        assert keyword in {g.keyword for g in gaps if g.effect == "loose"}, keyword
+        assert len(str(grammar)) < 2_000_000

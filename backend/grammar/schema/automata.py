@@ -4,8 +4,8 @@ complement, and a DFA written back as one regular expression by state eliminatio
 The expressions written here hold no `+` and no optional group `(?:...)?`: xgrammar's regex
 drops the first element of an optional group holding a repetition (`(?:b[a-z]*)?` matches
 "a"); an optional part is written `(?:...|)`. Every expression is bounded (`MAX_REGEX_CHARS`,
-`MAX_ELIMINATED_STATES`); past a bound the caller gets None and keeps the keyword as it was
-(and its warning).
+`MAX_ELIMINATED_STATES`, and so are the patterns read and the products built); past a bound
+the caller gets None and keeps the keyword as it was (and its warning).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from plait.backend.grammar.schema.utils import pattern_shape
 
 MAX_REGEX_CHARS = 4000
 MAX_ELIMINATED_STATES = 48  # DFAs larger than this are not written back as an expression
+MAX_PRODUCT_STATES = 20_000  # two DFAs whose product may pass this are not intersected
 LOOKAROUND = re.compile(r"\(\?<?[=!]")
 ANY = "[\\s\\S]"
 NOTHING = "^[^\\s\\S]$"  # the pattern no string matches
@@ -33,7 +34,10 @@ class TooLarge(Exception):
 
 
 def dfa(pattern: str) -> FSM | None:
-    """The DFA of a pattern anchored at both ends only (as the rewrite leaves them)."""
+    """The DFA of a pattern anchored at both ends only (as the rewrite leaves them); None for
+    one longer than `MAX_REGEX_CHARS` (its DFA's construction has no bound)."""
+    if len(pattern) > MAX_REGEX_CHARS:
+        return None
     shape = pattern_shape(pattern)
     if shape.inner_anchors or not (shape.starts and shape.ends) or LOOKAROUND.search(pattern):
         return None
@@ -60,7 +64,7 @@ def complement(pattern: str) -> str | None:
 def intersection(first: str, second: str) -> str | None:
     """An anchored pattern matching the strings both anchored patterns match, or None."""
     one, other = dfa(first), dfa(second)
-    if one is None or other is None:
+    if one is None or other is None or len(one.states) * len(other.states) > MAX_PRODUCT_STATES:
         return None
     try:
         both = one & other

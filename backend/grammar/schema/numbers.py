@@ -16,7 +16,8 @@ the bounds is one automaton (interegular products), written as one EBNF rule per
   (times the 10s the fraction lacks). "Not a multiple" is the complement.
 
 A number schema gets this rule (`numeric_of`) only where xgrammar's own is not exact, and
-only within `MAX_STATES` (a step of p / 10^d has about p·(d + 2) states).
+only within `MAX_STATES` (a step of p / 10^d has about p·(d + 2) states) and for bounds of
+at most `MAX_BOUND_DIGITS` digits.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from plait.backend.grammar.schema.automata import char_class, live_states, moves
 from plait.backend.grammar.schema.utils import ANNOTATIONS, MAX_INTEGER_STEP, is_number, node_types
 
 MAX_STATES = 4096
+MAX_BOUND_DIGITS = 24
 NUMBER_KEYS = {"type", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
                "multipleOf", "not"}  # fmt: skip
 NOT_INTEGER, DIGITS = {"type": "integer"}, "0123456789"
@@ -97,6 +99,8 @@ def numeric_of(node: Any) -> Numeric | None:
         step = Fraction(step.numerator)  # an integer multiple of p / q is one of p
     low, low_open = _bound(node, "minimum", "exclusiveMinimum", max)
     high, high_open = _bound(node, "maximum", "exclusiveMaximum", min)
+    if any(b is not None and len("".join(_digits(abs(b)))) > MAX_BOUND_DIGITS for b in (low, high)):
+        return None  # a bound of more digits has no small automaton
     spec = Numeric(low, low_open, high, high_open, step, off_step, integral)
     return spec if _needs_rule(spec) and _size(spec) <= MAX_STATES else None
 

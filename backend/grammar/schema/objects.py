@@ -135,6 +135,8 @@ def ban_names(
 def _other_names(names: list[str], patterns: list[str]) -> str | None:
     """The pattern of the names that are not in `names` and match none of `patterns`."""
     others: str | None = outside(names)
+    if len(others or "") > MAX_NAMES_CHARS:
+        return None
     for pattern in patterns:
         unmatched = complement(pattern)
         others = None if unmatched is None or others is None else intersection(others, unmatched)
