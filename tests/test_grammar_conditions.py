@@ -102,13 +102,14 @@ def _strings(value: Any) -> list[str]:
 @settings(max_examples=250, deadline=None)
 @given(schemas, st.lists(values, min_size=1, max_size=6))
 def test_without_warnings_the_grammar_is_exact(schema: Any, instances: list[Any]) -> None:
-    """No warning at all (neither loose nor strict) means the grammar accepts exactly the
-    valid values (written as `json.dumps` does, any property order for valid ones)."""
+    """No warning at all (neither loose nor strict, but numbers written without an exponent)
+    means the grammar accepts exactly the valid values (written as `json.dumps` does, any
+    property order for valid ones)."""
     try:
         _, gaps = RUNNER.checker.compile(RUNNER.key(schema))
     except GrammarError:
         return  # nothing valid (refused, with xgrammar's message)
-    if gaps:
+    if [g for g in gaps if "exponent" not in g.detail]:  # (the values here have none)
         return
     for value in filter(_writable, instances):
         valid = validates(schema, value)

@@ -21,10 +21,16 @@ with xgrammar's message.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from plait.backend.grammar.schema.objects import ObjectForm, ban_names
-from plait.backend.grammar.schema.utils import SUBSCHEMA_LISTS, SUBSCHEMA_MAPS, SUBSCHEMA_ONES
+from plait.backend.grammar.schema.utils import (
+    SUBSCHEMA_LISTS,
+    SUBSCHEMA_MAPS,
+    SUBSCHEMA_ONES,
+    is_number,
+)
 
 OPEN = ObjectForm()
 KEEP_BOOLEAN = (
@@ -135,4 +141,7 @@ def _items(node: dict[str, Any]) -> Any:
         node["maxItems"] = min(count, node.get("maxItems", count))
     if node.get("prefixItems") == []:
         del node["prefixItems"]
+    low, high = node.get("minItems", 0), node.get("maxItems", math.inf)
+    if node.get("type") == "array" and is_number(low) and is_number(high) and low > high:
+        return False  # fewer items may be written than are needed
     return node

@@ -181,9 +181,13 @@ def _empty_type(node: dict[str, Any], type_name: str) -> bool:
     for low, high in lows.items():
         if is_number(node.get(low)) and is_number(node.get(high)) and node[low] > node[high]:
             return True
-    required = node.get("required")
-    count = len(set(required)) if type_name == "object" and isinstance(required, list) else 0
-    return is_number(node.get("maxProperties")) and count > node["maxProperties"]
+    required = node.get("required") if type_name == "object" else None
+    if not isinstance(required, list):
+        return False
+    properties = node.get("properties")
+    if isinstance(properties, dict) and any(properties.get(n) is False for n in required):
+        return True  # a required name that may not appear
+    return is_number(node.get("maxProperties")) and len(set(required)) > node["maxProperties"]
 
 
 def _empty_range(node: dict[str, Any]) -> bool:
