@@ -6,14 +6,19 @@ from __future__ import annotations
 import itertools
 import json
 import re
+from fractions import Fraction
 from typing import Any
 
 import jsonschema
 import pytest
 import xgrammar as xgr
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from xgrammar.testing import _is_grammar_accept_string as _accepts_text
 
 from plait.backend.grammar.compiler import GrammarKey, json_schema_grammar
 from plait.backend.grammar.layout import COMPACT
+from plait.backend.grammar.schema.formats import FORMAT_SHORTEST, LENGTH_FORMAT_PATTERNS
 from plait.backend.grammar.schema.lengths import MAX_REGEX_CHARS, lengths_into_pattern
 from plait.backend.grammar.schema.rewrite import rewrite_schema
 from plait.backend.grammar.schema.warnings import schema_gaps
@@ -98,34 +103,45 @@ def test_a_length_without_a_pattern_or_beside_a_format_is_left_alone() -> None:
 @pytest.mark.parametrize("step", [5, 2.0])
 def test_a_whole_multiple_of_on_a_number_is_enforced(step: float) -> None:
     """`multipleOf` 5 on a number: the grammar writes integers stepped by 5 (xgrammar's
-    integer multipleOf), with no warning left; a fractional step stays warned about."""
+    integer multipleOf), with no warning left."""
     schema = {"type": "number", "multipleOf": step}
     for value in (10, 20, 0, -20, 7, 12.5, 3, -25):
         expected = jsonschema.Draft202012Validator(schema).is_valid(value)
         assert accepts(schema, value) == expected, (schema, value)
     assert not schema_gaps(rewrite_schema(schema))
-    fractional = {"type": "number", "multipleOf": 0.5}
-    assert [g.keyword for g in schema_gaps(rewrite_schema(fractional))] == ["multipleOf"]
 
 
-def test_a_multiple_of_beside_a_range_is_warned_about() -> None:
-    """xgrammar drops an integer multipleOf when a minimum or maximum is beside it."""
-    schema = {"type": "integer", "multipleOf": 5, "minimum": -20}
-    assert accepts(schema, 7)  # what the warning is for
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "number", "multipleOf": 0.5},
+        {"type": "number", "multipleOf": 0.01, "minimum": 0, "exclusiveMaximum": 10},
+        {"type": "integer", "multipleOf": 5, "minimum": -20},
+        {"type": "number", "multipleOf": 2048},
+    ],
+)
+def test_a_multiple_of_xgrammar_drops_has_a_rule_of_its_own(schema: dict[str, Any]) -> None:
+    """A decimal step, a step beside a range, a step above 1024 (numbers.py). Multiples in
+    decimal arithmetic, as JSON Schema means them (jsonschema divides floats: 0.07 / 0.01
+    is 7.000000000000001 there)."""
+    rest = {k: v for k, v in schema.items() if k != "multipleOf"}
+    step = Fraction(repr(schema["multipleOf"]))
+    for value in (0, 7, 10, -20, -25, 1.5, 0.25, 0.07, 9.99, 10.5, 4096, 6144.5):
+        multiple = (Fraction(repr(value)) / step).denominator == 1
+        expected = multiple and jsonschema.Draft202012Validator(rest).is_valid(value)
+        assert accepts(schema, value) == expected, (schema, value)
     gaps = schema_gaps(rewrite_schema(schema))
-    assert [(g.keyword, g.effect) for g in gaps] == [("multipleOf", "loose")]
+    assert [g.effect for g in gaps] == ([] if schema["type"] == "integer" else ["strict"])
 
 
-@pytest.mark.parametrize("step", [2048, 1e400, -5])
-def test_a_multiple_of_xgrammar_ignores_is_warned_about(step: float) -> None:
-    """Above 1024 xgrammar drops an integer multipleOf; an infinite or negative step is left
-    to the checks (no exception in the rewrite)."""
+@pytest.mark.parametrize("step", [1e400, -5, 0.123456789])
+def test_a_multiple_of_without_a_rule_is_warned_about(step: float) -> None:
+    """An infinite or negative step is left to the checks (no exception in the rewrite); a
+    step of too many states (p / 10^d: about p (d + 2)) stays warned."""
     schema = {"type": "number", "multipleOf": step}
     rewritten = rewrite_schema(schema)
     assert rewritten["type"] == "number"
     assert [g.keyword for g in schema_gaps(rewritten)] == ["multipleOf"]
-    if step == 2048:
-        assert accepts({"type": "integer", "multipleOf": 2048}, 3)
 
 
 TOO_LARGE = {(6, "^[ab]*b[ab]$"), (6, "^(x|yz)+(0|1)*$")}  # branching products
@@ -162,3 +178,38 @@ def test_ipv4_is_written_as_a_pattern_without_leading_zeros() -> None:
     for value in ("1.2.3.4", "010.0.0.1", "255.255.255.255", "256.1.1.1", "0.0.0.0", "1.2.3"):
         assert accepts(schema, value) == validator.is_valid(value), value
     assert not schema_gaps(rewrite_schema(schema))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.text(alphabet="PTDWMYHS0129/~a#-Fx", max_size=9))
+def test_formats_written_as_patterns_beside_a_length_are_xgrammars(text: str) -> None:
+    """The patterns of uuid, duration and the JSON pointers match what xgrammar's own format
+    grammars match (on strings without escapes)."""
+    for fmt, pattern in LENGTH_FORMAT_PATTERNS.items():
+        grammar = xgr.Grammar.from_json_schema(json.dumps({"type": "string", "format": fmt}))
+        ours = re.fullmatch(pattern, text) is not None
+        assert _accepts_text(grammar, json.dumps(text)) == ours, (fmt, text)
+
+
+def test_lengths_beside_a_format() -> None:
+    """Folded into the format's pattern, or implied by the format's shortest value; other
+    formats keep their lengths, warned."""
+    uuid = {"type": "string", "format": "uuid", "maxLength": 36}
+    assert "maxLength" not in json.dumps(rewrite_schema(uuid))
+    short = {"type": "string", "format": "duration", "maxLength": 4}
+    for value, valid in [("P1D", True), ("P10D", True), ("P100D", False), ("PT1H", True)]:
+        assert accepts(short, value) == valid
+    for fmt, shortest in FORMAT_SHORTEST.items():  # implied: no warning
+        schema = {"type": "string", "format": fmt, "minLength": shortest}
+        lengths = {g.keyword for g in schema_gaps(schema)} & {"minLength", "maxLength"}
+        assert rewrite_schema(schema) == schema and not lengths
+        assert "minLength" in {
+            g.keyword for g in schema_gaps({**schema, "minLength": shortest + 1})
+        }
+    email = {"type": "string", "format": "email", "maxLength": 30}
+    assert [g.keyword for g in schema_gaps(rewrite_schema(email))] == ["maxLength"]
+    examples = {"email": "a@b", "hostname": "a", "uri": "a:", "ipv6": "::", "uri-reference": ""}
+    for fmt, text in examples.items():  # the shortest values exist
+        assert len(text) == FORMAT_SHORTEST[fmt] and accepts(
+            {"type": "string", "format": fmt}, text
+        )

@@ -88,15 +88,34 @@ def test_boolean_subschemas() -> None:
         "properties": {"b": {}},
         "additionalProperties": False,
     }
-    assert booleans_as_objects({"properties": {"a": False}}) == {"properties": {"a": {"not": {}}}}
+    # an open object keeps the name out of its other names (objects.ban_names)
+    kept_out = booleans_as_objects({"properties": {"a": False, "b": {"type": "null"}}})
+    assert kept_out["properties"] == {"b": {"type": "null"}}
+    assert kept_out["additionalProperties"] is False
+    [(others, extra)] = kept_out["patternProperties"].items()
+    assert extra == {}
+    assert [n for n in ("", "a", "b", "ab", "aa", "ba") if re.fullmatch(others, n)] == [
+        "",
+        "ab",
+        "aa",
+        "ba",
+    ]
     needs_a = {"type": "object", "properties": {"a": False}, "required": ["a"]}
     assert booleans_as_objects(needs_a) is False
-    # without a type, non-objects stay valid; a name patternProperties match stays listed
+    # without a type, non-objects stay valid; a name patternProperties match is kept out of it
     untyped = booleans_as_objects({"properties": {"a": False}, "required": ["a"]})
     assert untyped == {"properties": {"a": {"not": {}}}, "required": ["a"]}
-    patterned = {"properties": {"a": False}, "patternProperties": {"^a$": {}},
+    patterned = {"properties": {"a": False}, "patternProperties": {"^a[0-9]*$": {}},
                  "additionalProperties": False}  # fmt: skip
-    assert booleans_as_objects(patterned)["properties"] == {"a": {"not": {}}}
+    names = ("a", "a1", "a12", "b")
+    out = booleans_as_objects(patterned)
+    assert set(out) == {"additionalProperties", "patternProperties"}
+    [(kept, _)] = out["patternProperties"].items()
+    assert [n for n in names if re.fullmatch(kept, n)] == ["a1", "a12"]
+    unanchored = {**patterned, "type": "object", "patternProperties": {"^a": {}}}  # not anchored
+    assert booleans_as_objects(unanchored)["properties"] == {"a": {"not": {}}}
+    [(kept, _)] = rewrite_schema(unanchored)["patternProperties"].items()
+    assert [n for n in names if re.fullmatch(kept, n)] == ["a1", "a12"]
     assert booleans_as_objects({"allOf": [True, False]}) is False
     assert booleans_as_objects({"anyOf": [False, {"type": "null"}]}) == {
         "anyOf": [{"type": "null"}]
@@ -154,10 +173,15 @@ def test_negated_types_and_values_are_removed() -> None:
     }
     assert rewrite_schema({"enum": [1, 2, 3], "not": {"enum": [2]}}) == {"enum": [1, 3]}
     assert rewrite_schema({"enum": ["a", "b"], "not": {"const": "a"}}) == {"enum": ["b"]}
-    # the numbers that are not integers have no type; a fully negated enum has no form
-    for kept in ({"not": {"type": "integer"}}, {"enum": [1], "not": {"enum": [1]}}):
-        assert rewrite_schema(kept) == kept
-        assert "not" in loose(kept)
+    # the numbers that are not integers have a rule of their own (numbers.py)
+    fractional = rewrite_schema({"not": {"type": "integer"}})
+    assert fractional["anyOf"] == [
+        {"type": ["null", "boolean", "object", "array", "string"]},
+        {"$ref": "#/$defs/plait_rule_a"},
+    ]
+    assert fractional["$defs"] == {"plait_rule_a": {"type": "number", "not": {"type": "integer"}}}
+    assert "not" not in loose({"not": {"type": "integer"}})
+    assert rewrite_schema({"enum": [1], "not": {"enum": [1]}}) is False  # nothing is left
 
 
 def test_copies_of_moved_targets_are_bounded() -> None:

@@ -104,8 +104,8 @@ def test_warnings_name_the_unenforced_keywords(results: list[CaseResult]) -> Non
 
 
 # --- llguidance -----------------------------------------------------------------------------
-LLG_ACCEPTED_INVALID = 8  # each explained by a warning (below); as they stand
-LLG_REJECTED_VALID = 17
+LLG_ACCEPTED_INVALID = 6  # each explained by a warning (below); as they stand
+LLG_REJECTED_VALID = 16
 
 
 @pytest.fixture(scope="module")

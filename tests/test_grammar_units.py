@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -43,14 +44,18 @@ def test_walker_names_each_unenforced_keyword() -> None:
         "type": "object",
         "properties": {
             "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
-            "n": {"type": "number", "multipleOf": 0.5},
+            "n": {"type": "number", "multipleOf": 0.123456789},  # too many remainders
             "k": {"type": "integer", "multipleOf": 3},
-            "x": {"not": {"type": "string", "minLength": 2}},  # not a bare type: not rewritten
-            "y": {"if": {"type": "integer", "minimum": 0}, "then": {"type": "integer"}},
-            "z": {
-                "allOf": [{"type": "string", "pattern": "^a"}, {"type": "string", "pattern": "b$"}]
+            "x": {"not": {"type": "array", "uniqueItems": True}},  # no complement
+            "y": {"if": {"type": "string", "format": "email"}, "then": {"maxLength": 9}},
+            "z": {  # two tuples: their merge has no exact form here
+                "allOf": [
+                    {"prefixItems": [{"type": "string"}]},
+                    {"prefixItems": [{"maxLength": 2}]},
+                ]
             },
             "d": {"type": "string", "format": "date"},
+            "h": {"type": "number", "multipleOf": 0.5, "not": {"type": "integer"}},
         },
     }
     found = keywords(schema)
@@ -58,6 +63,11 @@ def test_walker_names_each_unenforced_keyword() -> None:
     warnings = gap_warnings(schema_gaps(rewrite_schema(schema)))
     assert any("'uniqueItems' is not enforced" in w and "/properties/tags" in w for w in warnings)
     assert not any("/properties/k" in w for w in warnings)  # integer multipleOf is enforced
+    ruled = [w for w in warnings if "/properties/h" in w or "plait_rule" in w]  # its own rule
+    assert ruled == [
+        "json_schema keyword 'multipleOf' is enforced more strictly (numbers are written "
+        "without an exponent) at /$defs/plait_rule_a"
+    ]
 
 
 def test_walker_follows_refs_and_ignores_unused_definitions() -> None:
@@ -107,11 +117,22 @@ def test_rewrite_merges_all_of_and_distributes_siblings() -> None:
 
 def test_rewrite_leaves_what_it_cannot_merge_exactly() -> None:
     closed = {"allOf": [{"additionalProperties": False}, {"properties": {"a": {}}}]}
-    assert rewrite_schema(closed) == closed
-    patterns = {"allOf": [{"pattern": "^a"}, {"pattern": "b$"}]}
-    assert rewrite_schema(patterns)["allOf"] == [
-        {"pattern": search_pattern("^a")},
-        {"pattern": search_pattern("b$")},
+    assert rewrite_schema(closed) == {  # `a` may not appear: an empty object or another type
+        "anyOf": [
+            {"type": "object", "additionalProperties": False},
+            {"type": ["null", "boolean", "array", "number", "string"]},
+        ]
+    }
+    patterned = {"allOf": [{"additionalProperties": False}, {"patternProperties": {"^a": {}}}]}
+    closed_first, patterns = rewrite_schema(patterned)["allOf"]
+    assert closed_first == {"additionalProperties": False}
+    assert search_pattern("^a") in patterns["patternProperties"]
+    # two patterns meet in one (their DFAs' product), strings only
+    [string, other] = rewrite_schema({"allOf": [{"pattern": "^a"}, {"pattern": "b$"}]})["anyOf"]
+    assert string["type"] == "string" and "null" in other["type"]
+    assert [t for t in ("ab", "a", "b", "axb", "ba") if re.fullmatch(string["pattern"], t)] == [
+        "ab",
+        "axb",
     ]
 
 
@@ -407,6 +428,20 @@ def test_auto_takes_the_backend_that_enforces_every_keyword(schema: Any, chosen:
     built = build_grammar(key)
     assert built.backend == chosen
     assert bool(built.warnings) == ("uniqueItems" in schema or "format" in schema)
+
+
+@pytest.mark.parametrize("step", [123456789, 999983, 0.123456789])
+def test_a_step_llguidances_lexer_cannot_hold_is_refused_there_and_auto_takes_xgrammar(
+    step: float,
+) -> None:
+    """(123456789, also the integer form of 0.123456789, made llguidance allocate 3.3 GB and
+    abort the engine process while filling the first mask.)"""
+    text = json.dumps({"type": "integer", "multipleOf": step})
+    key = GrammarKey("json_schema", text, DUMPS, strict_mode=True, backend="llguidance")
+    with pytest.raises(GrammarError, match="multipleOf .* past what llguidance builds"):
+        build_grammar(key)
+    auto = GrammarKey("json_schema", text, DUMPS, strict_mode=True, backend="auto")
+    assert build_grammar(auto).backend == "xgrammar"
 
 
 def test_the_engine_and_request_options_are_checked() -> None:

@@ -33,6 +33,7 @@ from plait.backend.grammar.layout import COMPACT_SEPARATORS, resolve_layout, sch
 from plait.backend.grammar.llg_build import build_llguidance
 from plait.backend.grammar.llg_matcher import LlgCompiler
 from plait.backend.grammar.regex_fsm import RegexFSM
+from plait.backend.grammar.schema.hoist import moved_rules, splice_rules
 from plait.backend.grammar.schema.rewrite import rewrite_schema
 from plait.backend.grammar.schema.warnings import SchemaGap, gap_warnings, schema_gaps
 from plait.backend.grammar.structural_tag import (
@@ -107,9 +108,10 @@ def normalize_schema(value: str) -> str:
 def json_schema_grammar(key: GrammarKey, **options: Any) -> tuple[xgr.Grammar, list[SchemaGap]]:
     """The (uncompiled) grammar of a JSON key and the schema keywords it cannot enforce.
     The schema is first rewritten into an equivalent one xgrammar enforces more of."""
-    schema = rewrite_schema(json.loads(key.text))
+    schema = rewrite_schema(json.loads(key.text), strict_mode=key.strict_mode)
     text = json.dumps(schema, ensure_ascii=False)
     grammar = schema_grammar(text, layout=key.layout, strict_mode=key.strict_mode, **options)
+    grammar = splice_rules(grammar, moved_rules(schema), layout=key.layout)  # hoist.py
     return grammar, schema_gaps(schema, strict_mode=key.strict_mode)
 
 

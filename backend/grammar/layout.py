@@ -19,6 +19,7 @@ a whitespace pattern it matches at most once per gap.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -78,10 +79,25 @@ def llguidance_options(layout: str) -> dict[str, Any]:
     return {"item_separator": ",", "key_separator": ":", "whitespace_pattern": _LLG_GAPS[layout]}
 
 
+def array_tokens(layout: str) -> tuple[str, str, str, str]:
+    """EBNF of an array's opening, item separator and closing, and of the empty array, in
+    `layout` (the gap layouts name `GAP_RULE`; `gap_rule` defines it)."""
+    if layout in _SEPARATORS:
+        return '"["', json.dumps(_SEPARATORS[layout][0]), '"]"', '"[" "]"'
+    if layout not in _GAPS:
+        raise ValueError(f"unknown JSON layout {layout!r} (one of {', '.join(LAYOUTS)})")
+    return f'"[" {GAP_RULE}', f'{GAP_RULE} "," {GAP_RULE}', f'{GAP_RULE} "]"', f'"[" {GAP_RULE} "]"'
+
+
+def gap_rule(layout: str) -> str:
+    """The definition of `GAP_RULE` in a gap layout ("" in the others)."""
+    return f"{GAP_RULE} ::= {_GAPS[layout]}" if layout in _GAPS else ""
+
+
 def with_gaps(grammar: xgr.Grammar, *, layout: str) -> xgr.Grammar:
     """`grammar` (xgrammar's any_whitespace form) with each whitespace run replaced by the
     layout's gap."""
     text, count = _WHITESPACE_REPEAT.subn(GAP_RULE, str(grammar))
     if count == 0:  # no whitespace between tokens (a schema of one string or number)
         return grammar
-    return xgr.Grammar.from_ebnf(f"{text}\n{GAP_RULE} ::= {_GAPS[layout]}\n")
+    return xgr.Grammar.from_ebnf(f"{text}\n{gap_rule(layout)}\n")

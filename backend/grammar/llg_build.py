@@ -19,6 +19,7 @@ fails in the worker, within its deadline, with llguidance's message.
 
 from __future__ import annotations
 
+import decimal
 import json
 import re
 from typing import Any
@@ -46,6 +47,10 @@ _SCHEMA_VALUES = ("items", "additionalItems", "additionalProperties", "not", "if
                   "else", "contains", "propertyNames", "unevaluatedItems",
                   "unevaluatedProperties")  # fmt: skip
 _OPEN_OBJECT = ("additionalProperties", "unevaluatedProperties")
+# llguidance's lexer follows the remainder of a `multipleOf` digit by digit: a step whose
+# digits make a number past this (999983 took 9 s and 0.4 GB for one request; 123456789, the
+# integer form of 0.123456789, made it allocate 3.3 GB and abort the process) is refused.
+MAX_MULTIPLE_DIGITS_VALUE = 1024
 
 
 def build_llguidance(key: GrammarKey) -> BuiltGrammar:
@@ -86,6 +91,7 @@ def json_schema(key: GrammarKey, schema: Schema) -> tuple[dict[str, Any], tuple[
     rewritten = rewrite_schema(schema)
     if rewritten is False:
         raise GrammarError("invalid json_schema: the schema is false (no instance is valid)")
+    _check_multiples(rewritten)
     base = as_object(rewritten)
     shapes = [closed(base), base] if key.strict_mode else [base]
     options = llguidance_options(key.layout)
@@ -101,6 +107,26 @@ def json_schema(key: GrammarKey, schema: Schema) -> tuple[dict[str, Any], tuple[
             error = error_line(messages[0])
             strict_error = strict_error or error
     raise GrammarError(f"invalid json_schema: {error}")
+
+
+def _check_multiples(schema: Schema) -> None:
+    """GrammarError for a `multipleOf` llguidance's lexer could not hold in bounded memory
+    (its significant digits, as an integer, past `MAX_MULTIPLE_DIGITS_VALUE`)."""
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, dict):
+            step = node.get("multipleOf")
+            if isinstance(step, int | float) and not isinstance(step, bool):
+                digits = decimal.Decimal(repr(step)).normalize().as_tuple().digits
+                if int("".join(map(str, digits)) or "0") > MAX_MULTIPLE_DIGITS_VALUE:
+                    raise GrammarError(
+                        f"invalid json_schema: multipleOf {step} is past what llguidance "
+                        f"builds (significant digits up to {MAX_MULTIPLE_DIGITS_VALUE})"
+                    )
+            stack.extend(node.values())
 
 
 def _check(schema: dict[str, Any]) -> tuple[bool, list[str]]:

@@ -6,9 +6,11 @@ xgrammar refuses `false` anywhere ("cannot accept any value") and `true` in some
 - `true` as a subschema is `{}`; `not: true` is `false`, `not: false` is dropped;
 - `false` in `allOf` makes the schema `false`; `false` branches of `anyOf`/`oneOf` are
   dropped (no branch left: `false`);
-- a property whose schema is `false` may not appear: it is removed from `properties` when
-  `additionalProperties` is `false` (or the schema is otherwise false when it is required),
-  else it becomes `{"not": {}}`, which the warning walker reports (`not` is not enforced);
+- a property whose schema is `false` may not appear: an object schema that requires it is
+  `false`; otherwise it is removed from `properties` and kept out of the other names
+  (objects.ban_names); where that has no form (see there; a required name on a schema
+  without a type) it becomes `{"not": {}}`, which the warning walker reports (`not` is not
+  enforced);
 - `propertyNames: false` is `maxProperties: 0`; a `false` pattern schema is `{"not": {}}`;
 - `prefixItems` up to the first `false` item, with `maxItems` at that index; `items: false`
   is `maxItems` at the length of `prefixItems`.
@@ -19,10 +21,18 @@ with xgrammar's message.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from plait.backend.grammar.schema.utils import SUBSCHEMA_LISTS, SUBSCHEMA_MAPS, SUBSCHEMA_ONES
+from plait.backend.grammar.schema.objects import ObjectForm, ban_names
+from plait.backend.grammar.schema.utils import (
+    SUBSCHEMA_LISTS,
+    SUBSCHEMA_MAPS,
+    SUBSCHEMA_ONES,
+    is_number,
+)
 
+OPEN = ObjectForm()
 KEEP_BOOLEAN = (
     "additionalProperties",
     "unevaluatedProperties",
@@ -32,28 +42,28 @@ KEEP_BOOLEAN = (
 )
 
 
-def booleans_as_objects(node: Any) -> Any:
+def booleans_as_objects(node: Any, *, form: ObjectForm = OPEN) -> Any:
     """`node` with its boolean subschemas rewritten (above); True/False for a boolean node
-    left as it is (its parent decides)."""
+    left as it is (its parent decides); `form`: what keeping names out may assume."""
     if not isinstance(node, dict):
         return node
     out: dict[str, Any] = {}
     for key, value in node.items():
-        out[key] = _child(key, value)
-    for rule in (_combinators, _not, _names, _properties, _items):
+        out[key] = _child(key, value, form=form)
+    for rule in (_combinators, _not, _names, _items):
         out = rule(out)
         if out is False:
             return False
-    return out
+    return _properties(out, form=form)
 
 
-def _child(key: str, value: Any) -> Any:
+def _child(key: str, value: Any, *, form: ObjectForm) -> Any:
     if key in SUBSCHEMA_LISTS and isinstance(value, list):
-        return [booleans_as_objects(v) for v in value]
+        return [booleans_as_objects(v, form=form) for v in value]
     if key in SUBSCHEMA_MAPS and isinstance(value, dict):
-        return {name: booleans_as_objects(v) for name, v in value.items()}
+        return {name: booleans_as_objects(v, form=form) for name, v in value.items()}
     if key in SUBSCHEMA_ONES:
-        sub = booleans_as_objects(value)
+        sub = booleans_as_objects(value, form=form)
         return {} if sub is True and key not in KEEP_BOOLEAN else sub
     return value
 
@@ -95,22 +105,24 @@ def _names(node: dict[str, Any]) -> Any:
     return node
 
 
-def _properties(node: dict[str, Any]) -> Any:
+def _properties(node: dict[str, Any], *, form: ObjectForm) -> Any:
     properties = node.get("properties")
     if not isinstance(properties, dict):
         return node
-    banned = [name for name, sub in properties.items() if sub is False]
+    # `{"not": {}}`: a `false` an earlier pass could not keep out (patterns not yet anchored)
+    banned = [name for name, sub in properties.items() if sub is False or sub == {"not": {}}]
+    required = node.get("required") or []
     # an object needing a banned name cannot exist; other types are untouched by `properties`
-    if node.get("type") == "object" and any(n in (node.get("required") or []) for n in banned):
+    if node.get("type") == "object" and any(n in required for n in banned):
         return False
-    # dropping a banned name relies on additionalProperties: false, which does not cover
-    # names that patternProperties match
-    closed = node.get("additionalProperties") is False and not node.get("patternProperties")
-    node["properties"] = {
-        name: ({"not": {}} if sub is False else {} if sub is True else sub)
-        for name, sub in properties.items()
-        if not (sub is False and closed)
-    }
+    bannable = banned and not set(banned) & set(required)
+    kept_out = ban_names(node, banned, form=form) if bannable else None
+    node = node if kept_out is None else kept_out
+    if isinstance(node.get("properties"), dict):
+        node["properties"] = {
+            name: ({"not": {}} if sub is False else {} if sub is True else sub)
+            for name, sub in node["properties"].items()
+        }
     return node
 
 
@@ -129,4 +141,7 @@ def _items(node: dict[str, Any]) -> Any:
         node["maxItems"] = min(count, node.get("maxItems", count))
     if node.get("prefixItems") == []:
         del node["prefixItems"]
+    low, high = node.get("minItems", 0), node.get("maxItems", math.inf)
+    if node.get("type") == "array" and is_number(low) and is_number(high) and low > high:
+        return False  # fewer items may be written than are needed
     return node

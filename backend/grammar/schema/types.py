@@ -17,10 +17,10 @@ types), a `$ref` or a combinator keep their form (the warning walker reports the
 
 from __future__ import annotations
 
-import json
+import math
 from typing import Any
 
-from plait.backend.grammar.schema.utils import ANNOTATIONS
+from plait.backend.grammar.schema.utils import ANNOTATIONS, same
 
 # The keywords that apply to one JSON type only ("number" covers integers).
 TYPE_ONLY = {
@@ -85,11 +85,51 @@ COUNTS = (
 
 def whole_counts(node: dict[str, Any]) -> None:
     """Counts written as whole floats (`maxItems: 2.0`, which JSON Schema allows and
-    xgrammar refuses) as integers (in place)."""
+    xgrammar refuses) as integers; `minContains`/`maxContains` without `contains` (which
+    mean nothing, and xgrammar reads as item counts) dropped (in place)."""
     for key in COUNTS:
         value = node.get(key)
         if isinstance(value, float) and value.is_integer():
             node[key] = int(value)
+    if "contains" not in node:
+        node.pop("minContains", None)
+        node.pop("maxContains", None)
+
+
+def whole_bounds(node: dict[str, Any]) -> None:
+    """An integer's fractional bounds as whole ones (`minimum: 0.5` is `minimum: 1`), which
+    JSON Schema allows and xgrammar refuses (in place)."""
+    if node.get("type") != "integer":
+        return
+    rounded = {
+        "minimum": ("minimum", math.ceil),
+        "exclusiveMinimum": ("minimum", lambda b: math.floor(b) + 1),
+        "maximum": ("maximum", math.floor),
+        "exclusiveMaximum": ("maximum", lambda b: math.ceil(b) - 1),
+    }
+    for key, (whole, rounding) in rounded.items():
+        bound = node.get(key)
+        if isinstance(bound, float) and math.isfinite(bound) and not bound.is_integer():
+            del node[key]
+            value = rounding(bound)
+            node[whole] = (
+                max(node.get(whole, value), value)
+                if whole == "minimum"
+                else min(node.get(whole, value), value)
+            )
+
+
+def drop_inapplicable(node: dict[str, Any]) -> None:
+    """Keywords of types the node's `type` excludes (`multipleOf` beside `"type": "null"`)
+    dropped: they constrain no value it allows (in place)."""
+    types = node.get("type")
+    names = {types} if isinstance(types, str) else set(types) if isinstance(types, list) else None
+    if names is None:
+        return
+    if "integer" in names:
+        names.add("number")
+    for keyword in [k for k in node if k in _OWNER and _OWNER[k] not in names]:
+        del node[keyword]
 
 
 def negations(node: dict[str, Any]) -> None:
@@ -105,7 +145,7 @@ def negations(node: dict[str, Any]) -> None:
     elif len(keys) == 1 and isinstance(node.get("enum"), list):
         banned = negated["enum"] if "enum" in keys else [negated.get("const")]
         if isinstance(banned, list):
-            kept = [v for v in node["enum"] if not any(_same(v, b) for b in banned)]
+            kept = [v for v in node["enum"] if not any(same(v, b) for b in banned)]
             if kept:
                 node["enum"] = kept
                 del node["not"]
@@ -126,19 +166,3 @@ def _negate_type(node: dict[str, Any], negated: Any) -> None:
     if kept:
         node["type"] = kept[0] if len(kept) == 1 else kept
         del node["not"]
-
-
-def _same(x: Any, y: Any) -> bool:
-    """JSON equality (1 and 1.0 are one number)."""
-    return json.dumps(_whole(x), sort_keys=True) == json.dumps(_whole(y), sort_keys=True)
-
-
-def _whole(value: Any) -> Any:
-    """`value` with every whole float written as an int."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, list):
-        return [_whole(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _whole(v) for k, v in value.items()}
-    return value

@@ -4,7 +4,8 @@ resolution, regex anchor analysis, JSON types, and whether `oneOf` branches are 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +45,52 @@ ANNOTATIONS = frozenset(
         "$anchor",
     }
 )
+
+
+class Never:
+    """The schema no value satisfies, as the rewrites' intersections and negations find it."""
+
+    def __repr__(self) -> str:
+        return "NEVER"
+
+
+NEVER = Never()
+
+
+def map_subschemas(node: Any, rule: Callable[[dict[str, Any]], Any]) -> Any:
+    """`node` with `rule` applied bottom-up to every schema object in it (a copy)."""
+    if not isinstance(node, dict):
+        return node
+    return rule(map_children(node, lambda child: map_subschemas(child, rule)))
+
+
+def map_children(node: dict[str, Any], change: Callable[[Any], Any]) -> dict[str, Any]:
+    """A copy of `node` with `change` applied to each of its direct subschemas."""
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if (key in SUBSCHEMA_LISTS or key == "items") and isinstance(value, list):
+            out[key] = [change(v) for v in value]
+        elif key in SUBSCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {name: change(v) for name, v in value.items()}
+        elif key in SUBSCHEMA_ONES:
+            out[key] = change(value)
+        else:
+            out[key] = value
+    return out
+
+
+def needs_escape(name: str) -> bool:
+    """Whether JSON writes `name` with escape sequences (which xgrammar does not match in
+    property names and patterns)."""
+    return any(ch in '"\\' or ord(ch) < 0x20 for ch in name)
+
+
+def searches(pattern: str, text: str) -> bool | None:
+    """Whether `pattern` finds a match in `text`; None for a pattern Python cannot read."""
+    try:
+        return re.search(pattern, text) is not None
+    except re.error:
+        return None
 
 
 def resolve_ref(root: Any, ref: str) -> Any:
@@ -175,3 +222,23 @@ def _discriminated(root: Any, nodes: list[dict[str, Any]]) -> bool:
         if _distinct(sigs):
             return True
     return False
+
+
+def same(x: Any, y: Any) -> bool:
+    """JSON equality (1 and 1.0 are one number; key order does not matter)."""
+    return json.dumps(whole(x), sort_keys=True) == json.dumps(whole(y), sort_keys=True)
+
+
+def whole(value: Any) -> Any:
+    """`value` with every whole float written as an int."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [whole(v) for v in value]
+    if isinstance(value, dict):
+        return {k: whole(v) for k, v in value.items()}
+    return value
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

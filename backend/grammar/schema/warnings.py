@@ -14,15 +14,21 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from plait.backend.grammar.schema.formats import LEAP_SECOND_PATTERNS
+from plait.backend.grammar.schema.automata import NOTHING, intersection
+from plait.backend.grammar.schema.formats import LEAP_SECOND_PATTERNS, implied_length
+from plait.backend.grammar.schema.hoist import is_moved, rule_of
+from plait.backend.grammar.schema.numbers import Numeric
 from plait.backend.grammar.schema.utils import (
     ANNOTATIONS,
     MAX_INTEGER_STEP,
     disjoint,
     has_type,
+    needs_escape,
     node_types,
     pattern_shape,
     resolve_ref,
+    same,
+    searches,
 )
 
 Effect = Literal["loose", "strict"]
@@ -39,6 +45,9 @@ ALWAYS_LOOSE = {
     "propertyNames": "property names are not checked",
     "$dynamicRef": "dynamic references are not followed",
 }
+# Keywords a moved schema's own rule enforces (arrays: the counts; numbers: `not` integer
+# or multiple).
+RULED_KEYWORDS = ("contains", "minContains", "maxContains", "not")
 FORMAT_GAPS = {
     "hostname": "label lengths and punycode labels are not checked",
     "ipv6": "an embedded IPv4 part may have leading zeros",
@@ -71,6 +80,7 @@ TYPE_KEYWORDS = {
 }
 RANGE_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 LOOKAROUND = re.compile(r"\(\?<?[=!]")
+MAX_PATTERN_PAIRS = 28  # patternProperties of more patterns are taken to overlap
 BOUNDED_THEN_OPTIONAL = re.compile(r"\{\d+(,\d*)?\}.*\)[?*]")
 
 
@@ -112,10 +122,13 @@ class _Walker:
         self.strict_mode = strict_mode
         self.gaps: list[SchemaGap] = []
         self.seen: set[str] = set()
+        self.ruled = False
 
     def visit(self, node: Any, path: str) -> None:
         if not isinstance(node, dict):
             return
+        # a schema moved under `$defs` with a grammar rule of its own (hoist.py)
+        self.ruled = is_moved(path) and rule_of(node) is not None
         for rule in RULES:
             for keyword, effect, detail in rule(self, node):
                 self.gaps.append(SchemaGap(keyword, path, effect, detail))
@@ -123,8 +136,10 @@ class _Walker:
         if isinstance(ref, str) and ref.startswith("#") and ref not in self.seen:
             self.seen.add(ref)
             self.visit(resolve_ref(self.root, ref), ref[1:])
+        ruled = self.ruled
         for key, child in _children(node, path):
-            self.visit(child, key)
+            if not (ruled and key.rpartition("/")[2] in ("not", "contains")):
+                self.visit(child, key)  # (a rule enforces those of a moved schema)
 
 
 def _children(node: dict[str, Any], path: str) -> Iterator[tuple[str, Any]]:
@@ -153,9 +168,9 @@ Finding = tuple[str, Effect, str]
 
 def _always_loose(w: _Walker, node: dict[str, Any]) -> Iterator[Finding]:
     for keyword, detail in ALWAYS_LOOSE.items():
-        if keyword in node:
+        if keyword in node and not (w.ruled and keyword in RULED_KEYWORDS):
             yield keyword, "loose", detail
-    if node.get("uniqueItems") is True:
+    if node.get("uniqueItems") is True and not w.ruled:
         yield "uniqueItems", "loose", "duplicate items are not rejected"
     if "unevaluatedProperties" in node and not w.strict_mode:
         yield "unevaluatedProperties", "loose", "properties left unevaluated are not rejected"
@@ -163,7 +178,13 @@ def _always_loose(w: _Walker, node: dict[str, Any]) -> Iterator[Finding]:
 
 def _multiple_of(w: _Walker, node: dict[str, Any]) -> Iterator[Finding]:
     step = node.get("multipleOf")
-    if step is None:
+    rule = rule_of(node) if w.ruled else None
+    if isinstance(rule, Numeric):  # numbers.py's own rule (integers never have exponents)
+        if rule.integral is not True:
+            keyword = "multipleOf" if step is not None else "not"
+            yield keyword, "strict", "numbers are written without an exponent"
+        return
+    if step is None or w.ruled:
         return
     integral = node_types(node) == {"integer"} and isinstance(step, int)
     if not integral:
@@ -223,6 +244,8 @@ def _strings(w: _Walker, node: dict[str, Any]) -> Iterator[Finding]:
         return
     pattern, fmt = node.get("pattern"), node.get("format")
     lengths = [k for k in ("minLength", "maxLength") if k in node]
+    if implied_length(node):  # the format's shortest value is long enough
+        lengths = []
     if (pattern is not None or fmt is not None) and lengths:
         for keyword in lengths:
             yield keyword, "loose", "ignored together with pattern/format"
@@ -266,16 +289,12 @@ def _format(fmt: str) -> Iterator[Finding]:
 
 def _escaped_names(w: _Walker, node: dict[str, Any]) -> Iterator[Finding]:
     properties = node.get("properties")
-    if isinstance(properties, dict) and any(_needs_escape(name) for name in properties):
+    if isinstance(properties, dict) and any(needs_escape(name) for name in properties):
         yield (
             "properties",
             "loose",
             "a property name JSON writes with escapes is not matched (its value is unchecked)",
         )
-
-
-def _needs_escape(name: str) -> bool:
-    return any(ch in '"\\' or ord(ch) < 0x20 for ch in name)
 
 
 def _required(w: _Walker, node: dict[str, Any]) -> Iterator[Finding]:
@@ -304,9 +323,8 @@ def _pattern_properties(w: _Walker, node: dict[str, Any]) -> Iterator[Finding]:
             "checked against one of their schemas only",
         )
     extra = node.get("additionalProperties")
-    if "properties" in node and (
-        isinstance(extra, dict) and extra or (extra is None and not w.strict_mode)
-    ):
+    opened = extra is True or isinstance(extra, dict) or (extra is None and not w.strict_mode)
+    if "properties" in node and opened:
         yield (
             "patternProperties",
             "loose",
@@ -317,19 +335,17 @@ def _pattern_properties(w: _Walker, node: dict[str, Any]) -> Iterator[Finding]:
 
 
 def _overlapping_names(patterns: dict[str, Any], properties: object) -> bool:
-    """Whether one name may fall under two schemas: two or more patterns, or a declared
-    property whose name a pattern matches."""
-    if len(patterns) > 1:
-        return True
+    """Whether one name may fall under two schemas: two patterns whose languages meet (up
+    to `MAX_PATTERN_PAIRS` checked), or a declared property whose name a pattern matches."""
     names = properties if isinstance(properties, dict) else {}
-    return any(_searches(pattern, name) for pattern in patterns for name in names)
-
-
-def _searches(pattern: str, name: str) -> bool:
-    try:
-        return re.search(pattern, name) is not None
-    except re.error:
-        return True  # a pattern Python cannot read: assume the worst
+    for pattern, schema in patterns.items():
+        for name, declared in names.items():  # no matter when the declared schema is it
+            found = searches(pattern, name)
+            if found is not False and schema not in ({}, True) and not same(schema, declared):
+                return True
+    keys = list(patterns)
+    pairs = [(a, b) for i, a in enumerate(keys) for b in keys[i + 1 :]]
+    return len(pairs) > MAX_PATTERN_PAIRS or any(intersection(a, b) != NOTHING for a, b in pairs)
 
 
 def _enum_values(w: _Walker, node: dict[str, Any]) -> Iterator[Finding]:
