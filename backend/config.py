@@ -3,40 +3,22 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass
 from typing import Any
 
+from plait.backend.host import default_threads
 from plait.backend.request.sampling_params import GRAMMAR_BACKENDS
 from plait.backend.speculative.ngram import SpeculativeConfig
 from plait.backend.text.reasoning import REASONING_FORMATS
 
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
-MAX_DEFAULT_THREADS = 8
 # The share of a device's memory the KV pool may take when neither `kv_tokens` nor
 # `kv_memory_mib` is given: of the GPU's free memory, or of the CPU's available RAM (a CPU
 # machine runs other programs; the pool is allocated lazily, so its pages become resident as
 # the cache fills).
 DEFAULT_MEM_FRACTION = {"cuda": 0.8, "cpu": 0.25}
 MAX_DRAFT_TOKENS = 32  # a small model's decode step stops scaling well before this
-
-
-def default_threads() -> int:
-    """CPU threads when `num_threads` is 0: the physical cores this process may run on (SMT
-    siblings count once), at most `MAX_DEFAULT_THREADS`."""
-    try:
-        allowed = sorted(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        allowed = list(range(os.cpu_count() or 1))
-    cores = set()
-    for cpu in allowed:
-        try:
-            with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list") as f:
-                cores.add(f.read().strip())
-        except OSError:
-            cores.add(str(cpu))
-    return max(1, min(len(cores), MAX_DEFAULT_THREADS))
 
 
 @dataclass(frozen=True)

@@ -1,16 +1,19 @@
-"""This process among its peers: its name in ps/top and how the children it starts die with it.
+"""This process among its peers: its name in ps/top, how the children it starts die with it,
+and the cores it may run on.
 A leaf module (nothing of plait, no torch), so that the engine's processes, the grammar workers,
 the tensor-parallel ranks and the router's workers share it without importing each other."""
 
 from __future__ import annotations
 
 import ctypes
+import os
 import signal
 import sys
 from collections.abc import Callable
 
 PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
+MAX_DEFAULT_THREADS = 8
 
 
 def set_process_name(name: str) -> None:
@@ -30,3 +33,20 @@ def die_with_parent(sig: signal.Signals) -> Callable[[], None]:
     the parent, so the forked child runs no import."""
     libc = ctypes.CDLL(None, use_errno=True)
     return lambda: libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
+
+
+def default_threads() -> int:
+    """CPU threads when `num_threads` is 0: the physical cores this process may run on (SMT
+    siblings count once), at most `MAX_DEFAULT_THREADS`."""
+    try:
+        allowed = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        allowed = list(range(os.cpu_count() or 1))
+    cores = set()
+    for cpu in allowed:
+        try:
+            with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list") as f:
+                cores.add(f.read().strip())
+        except OSError:
+            cores.add(str(cpu))
+    return max(1, min(len(cores), MAX_DEFAULT_THREADS))

@@ -14,8 +14,9 @@ import torch
 
 import plait.kernels._step_native as step_native
 from helpers import greedy, tiny_engine
-from plait.backend.config import MAX_DEFAULT_THREADS, EngineConfig, default_threads
+from plait.backend.config import EngineConfig
 from plait.backend.engine.engine import Engine
+from plait.backend.host import MAX_DEFAULT_THREADS, default_threads
 from plait.backend.model.forward_batch import ForwardBatch
 from plait.backend.model.fused_decode import FusedDecode
 from plait.backend.model.runner import ModelRunner

@@ -188,3 +188,22 @@ def test_the_engine_is_importable_from_the_backend_package() -> None:
     from plait.backend.engine.engine import Engine as Defined
 
     assert Engine is Defined
+
+
+def test_loading_a_model_loads_no_compiler_stack() -> None:
+    """torch._dynamo and torch.fx's symbolic shapes (about 1.5 s of start-up together) stay
+    out of an engine's import, its model load (meta skeleton, materialized without torch's
+    reference ops) and its first requests, prefix-cached extend attention included."""
+    code = (
+        "from plait.backend import Engine\n"
+        "e = Engine('plait-tiny', num_threads=1, kv_tokens=1024)\n"
+        "p = {'max_new_tokens': 2}\n"
+        "e.generate(['hello world ' * 8], [p]); e.generate(['hello world ' * 8 + 'x'], [p])\n"
+        "import sys\n"
+        "print(' '.join(m for m in ('torch._dynamo', 'torch.fx.experimental.symbolic_shapes')"
+        " if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300
+    )
+    assert out.stdout.split() == []

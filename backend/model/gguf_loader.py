@@ -23,6 +23,7 @@ from torch import nn
 from plait.backend.gguf.metadata import GGUFMetadata
 from plait.backend.gguf.quants import QuantizedBlocks, QuantizedTensor, read_blocks
 from plait.backend.gguf.reader import GGUFFile, GGUFTensor
+from plait.backend.host import default_threads
 from plait.backend.model.config import ModelConfig
 from plait.backend.model.family import Family
 from plait.backend.model.layers import CausalLM, empty_model
@@ -170,7 +171,10 @@ def _pack(blocks: list[QuantizedBlocks], device: torch.device) -> Packed:
     """One packed weight from a parameter's parts (q, k, v; gate, up): each GGUF kind in its
     own native form on the CPU, else unpacked and widened to a common `QuantWeight`."""
     if packs_natively(device):
-        return NativeWeight.from_gguf_stack([GGUFRows(b.kind, b.raw, b.rows) for b in blocks])
+        rows = [GGUFRows(b.kind, b.raw, b.rows) for b in blocks]
+        # packing is a one-off: every core this process may use, not only the serving threads
+        threads = max(torch.get_num_threads(), default_threads())
+        return NativeWeight.from_gguf_stack(rows, threads=threads)
     return pack_merged([_logical(b.unpack()) for b in blocks]).to(device)
 
 

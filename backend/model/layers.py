@@ -231,17 +231,17 @@ class CausalLM(nn.Module):
     Its three parts are separate for the model runner, which replaces `decoder` by the fused
     C decode step for the batches that step applies to: `embed`, `decoder`, `logits`."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, *, rope_tables: list[torch.Tensor] | None = None) -> None:
         super().__init__()
         self.cfg = cfg
-        self.embed_tokens: nn.Module = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens: nn.Module = _embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head: nn.Module = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.requires_grad_(False)
-        self.rope_tables: list[torch.Tensor] = cfg.cos_sin_tables()
+        self.rope_tables = cfg.cos_sin_tables() if rope_tables is None else rope_tables
 
     def forward(self, batch: ForwardBatch, pool: TokenToKVPool) -> torch.Tensor:
         """Run all layers over the batch's tokens; returns float32 logits [N, vocab]."""
@@ -275,6 +275,38 @@ class CausalLM(nn.Module):
         return out
 
 
+def _embedding(vocab: int, hidden: int) -> nn.Embedding:
+    """nn.Embedding, randomly initialized except on the meta device (`empty_model`): its
+    normal_ there goes through torch's reference ops, whose import of torch._dynamo costs
+    about a second of start-up."""
+    weight = torch.empty(vocab, hidden)
+    return (
+        nn.Embedding(vocab, hidden, _weight=weight)
+        if weight.is_meta
+        else nn.Embedding(vocab, hidden)
+    )
+
+
+def _materialized(model: CausalLM, device: torch.device) -> CausalLM:
+    """`model.to_empty(device=device)` without its reference ops (whose imports of torch.fx
+    take half a second): each meta parameter and buffer replaced by an empty tensor, a
+    parameter shared by two modules still shared; real tensors are left as they are."""
+    made: dict[int, torch.Tensor] = {}
+    for module in model.modules():
+        for table in (module._parameters, module._buffers):
+            for name, t in table.items():
+                if t is not None and t.is_meta:
+                    if id(t) not in made:
+                        empty = torch.empty(t.shape, dtype=t.dtype, device=device)
+                        made[id(t)] = (
+                            nn.Parameter(empty, requires_grad=False)
+                            if isinstance(t, nn.Parameter)
+                            else empty
+                        )
+                    table[name] = made[id(t)]  # type: ignore[assignment]
+    return model
+
+
 def empty_model(
     cfg: ModelConfig,
     *,
@@ -286,13 +318,14 @@ def empty_model(
     every parameter); `modules` (by name, e.g. quantized layers holding their own weights)
     replace the model's own before anything is allocated; tied embeddings shared (an LM
     head tied to a replaced embedding is the loader's to set), the RoPE tables computed."""
-    with torch.device("meta"):
-        skeleton = CausalLM(cfg)
+    tables = [t.to(device=device) for t in cfg.cos_sin_tables()]  # not on meta: see below
+    with torch.device("meta"):  # an op computed there imports torch._dynamo (a second)
+        skeleton = CausalLM(cfg, rope_tables=tables)
     for name, module in (modules or {}).items():
         skeleton.set_submodule(name, module)
-    model = skeleton.to_empty(device=device).to(dtype)
+    model = _materialized(skeleton, device).to(dtype)
     tied = isinstance(model.lm_head, nn.Linear) and isinstance(model.embed_tokens, nn.Embedding)
     if cfg.tie_word_embeddings and tied:
         model.lm_head.weight = model.embed_tokens.weight
-    model.rope_tables = [t.to(device=device) for t in cfg.cos_sin_tables()]
+    model.rope_tables = tables
     return model

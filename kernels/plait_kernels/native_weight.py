@@ -140,16 +140,25 @@ class NativeWeight:
 
     @classmethod
     def from_gguf(
-        cls, kind: str, raw: np.ndarray, *, rows: torch.Tensor | None = None
+        cls,
+        kind: str,
+        raw: np.ndarray,
+        *,
+        rows: torch.Tensor | None = None,
+        threads: int | None = None,
     ) -> NativeWeight:
         """Rows of a GGUF tensor (`raw`: uint8 [rows, bytes per row], e.g. a view of the
         memory-mapped file) packed natively; `rows` picks and orders them (default: all)."""
-        return cls.from_gguf_stack([GGUFRows(kind, raw, rows)])
+        return cls.from_gguf_stack([GGUFRows(kind, raw, rows)], threads=threads)
 
     @classmethod
-    def from_gguf_stack(cls, sources: Sequence[GGUFRows]) -> NativeWeight:
+    def from_gguf_stack(
+        cls, sources: Sequence[GGUFRows], *, threads: int | None = None
+    ) -> NativeWeight:
         """GGUF tensors of one k stacked along n (q, k, v; gate, up), each packed once into
-        its place: adjacent ones of one form whose rows fill whole blocks share a part."""
+        its place: adjacent ones of one form whose rows fill whole blocks share a part.
+        `threads` pack at once (default `torch.get_num_threads()`; a loader may use every
+        core it has, whatever the kernels will run on)."""
         groups: list[list[_Source]] = []
         for src in (_Source.of(s) for s in sources):
             last = groups[-1][-1] if groups else None
@@ -157,7 +166,8 @@ class NativeWeight:
                 groups[-1].append(src)
             else:
                 groups.append([src])
-        parts = tuple(_pack_sources(group) for group in groups)
+        n_threads = torch.get_num_threads() if threads is None else max(1, threads)
+        parts = tuple(_pack_sources(group, n_threads) for group in groups)
         return cls(n=sum(p.n for p in parts), k=parts[0].k, parts=parts)
 
     @classmethod
@@ -311,7 +321,7 @@ class _Source:
         return cls(src.kind, form, raw, index, n, raw.shape[1] // nbytes * values)
 
 
-def _pack_sources(group: list[_Source]) -> NativePart:
+def _pack_sources(group: list[_Source], threads: int) -> NativePart:
     """One part holding every source of `group` (one form), each packed at its row blocks."""
     kinds = list(dict.fromkeys(src.kind for src in group))
     part = _empty_part("+".join(kinds), group[0].form, sum(src.n for src in group), group[0].k)
@@ -323,7 +333,7 @@ def _pack_sources(group: list[_Source]) -> NativePart:
         status = _library().plait_pack_gguf(
             _kind_index(src.kind), src.raw.ctypes.data, src.raw.shape[1],
             None if src.index is None else src.index.data_ptr(), src.n, src.k, *ptrs,
-            torch.get_num_threads(), pool_function(),
+            threads, pool_function(),
         )  # fmt: skip
         if status != 0:
             raise ValueError(f"cannot pack a {src.kind} tensor of {src.raw.shape[1]} bytes a row")
