@@ -430,12 +430,13 @@ def test_auto_takes_the_backend_that_enforces_every_keyword(schema: Any, chosen:
     assert bool(built.warnings) == ("uniqueItems" in schema or "format" in schema)
 
 
-@pytest.mark.parametrize("step", [123456789, 999983, 0.123456789])
+@pytest.mark.parametrize("step", [123456789, 999983, 0.123456789, 1000000])
 def test_a_step_llguidances_lexer_cannot_hold_is_refused_there_and_auto_takes_xgrammar(
     step: float,
 ) -> None:
     """(123456789, also the integer form of 0.123456789, made llguidance allocate 3.3 GB and
-    abort the engine process while filling the first mask.)"""
+    abort the engine process while filling the first mask; 1000000 is counted whole, since
+    llguidance strips an integer's trailing zeros only after a decimal point.)"""
     text = json.dumps({"type": "integer", "multipleOf": step})
     key = GrammarKey("json_schema", text, DUMPS, strict_mode=True, backend="llguidance")
     with pytest.raises(GrammarError, match="multipleOf .* past what llguidance builds"):

@@ -119,14 +119,28 @@ def _check_multiples(schema: Schema) -> None:
             stack.extend(node)
         elif isinstance(node, dict):
             step = node.get("multipleOf")
-            if isinstance(step, int | float) and not isinstance(step, bool):
-                digits = decimal.Decimal(repr(step)).normalize().as_tuple().digits
-                if int("".join(map(str, digits)) or "0") > MAX_MULTIPLE_DIGITS_VALUE:
-                    raise GrammarError(
-                        f"invalid json_schema: multipleOf {step} is past what llguidance "
-                        f"builds (significant digits up to {MAX_MULTIPLE_DIGITS_VALUE})"
-                    )
+            if (
+                isinstance(step, int | float)
+                and not isinstance(step, bool)
+                and _step_digits(step) > MAX_MULTIPLE_DIGITS_VALUE
+            ):
+                raise GrammarError(
+                    f"invalid json_schema: multipleOf {step} is past what llguidance "
+                    f"builds (significant digits up to {MAX_MULTIPLE_DIGITS_VALUE})"
+                )
+            # every value, data included: a property may be named "enum" or "const", and a
+            # refused false positive (an enum object holding "multipleOf") costs only this
+            # backend, where a missed step aborts the process
             stack.extend(node.values())
+
+
+def _step_digits(step: float) -> int:
+    """The integer llguidance follows a step's remainders by: the significant digits of a
+    fraction (0.125: 125), an integer whole (1000000 stays 1000000: it strips trailing zeros
+    only after a decimal point)."""
+    sign, digits, exponent = decimal.Decimal(repr(step)).normalize().as_tuple()
+    assert isinstance(exponent, int)  # a finite number: JSON has no others
+    return int("".join(map(str, digits)) or "0") * 10 ** max(exponent, 0)
 
 
 def _check(schema: dict[str, Any]) -> tuple[bool, list[str]]:

@@ -153,13 +153,14 @@ def _packed(parts: Parts, *, dtype: torch.dtype, device: torch.device) -> dict[s
     """Quantized modules by name for every linear weight (and the embedding) whose parts
     are all quantized; the rest is loaded dense."""
     modules: dict[str, nn.Module] = {}
+    threads = _packing_threads()
     for param, values in parts.items():
         name = param.removesuffix(".weight")
         quant = [values[k] for k in sorted(values, key=lambda s: -1 if s is None else s)]
         blocks = [q for q in quant if isinstance(q, QuantizedBlocks)]
         if not param.endswith(".weight") or len(blocks) != len(quant):
             continue
-        weight = _pack(blocks, device)
+        weight = _pack(blocks, device, threads=threads)
         if name == "embed_tokens":
             modules[name] = QuantEmbedding(weight, dtype=dtype)
         elif name == "lm_head" or name.rsplit(".", 1)[-1] in LINEARS:
@@ -167,13 +168,20 @@ def _packed(parts: Parts, *, dtype: torch.dtype, device: torch.device) -> dict[s
     return modules
 
 
-def _pack(blocks: list[QuantizedBlocks], device: torch.device) -> Packed:
+def _packing_threads() -> int:
+    """Threads to pack with: at one serving thread, every core this process may use (the
+    kernels' pool runs one thread inline, so the extra workers sleep for good afterwards);
+    else the serving count (a pool grown past it would wake its unused workers on every
+    matmul)."""
+    serving = torch.get_num_threads()
+    return default_threads() if serving == 1 else serving
+
+
+def _pack(blocks: list[QuantizedBlocks], device: torch.device, *, threads: int) -> Packed:
     """One packed weight from a parameter's parts (q, k, v; gate, up): each GGUF kind in its
     own native form on the CPU, else unpacked and widened to a common `QuantWeight`."""
     if packs_natively(device):
         rows = [GGUFRows(b.kind, b.raw, b.rows) for b in blocks]
-        # packing is a one-off: every core this process may use, not only the serving threads
-        threads = max(torch.get_num_threads(), default_threads())
         return NativeWeight.from_gguf_stack(rows, threads=threads)
     return pack_merged([_logical(b.unpack()) for b in blocks]).to(device)
 

@@ -289,21 +289,27 @@ def _embedding(vocab: int, hidden: int) -> nn.Embedding:
 
 def _materialized(model: CausalLM, device: torch.device) -> CausalLM:
     """`model.to_empty(device=device)` without its reference ops (whose imports of torch.fx
-    take half a second): each meta parameter and buffer replaced by an empty tensor, a
-    parameter shared by two modules still shared; real tensors are left as they are."""
+    take half a second): each meta parameter and buffer replaced by an empty tensor on
+    `device`, a real one elsewhere (a packed layer's bias) moved there; a parameter shared by
+    two modules stays shared."""
     made: dict[int, torch.Tensor] = {}
     for module in model.modules():
         for table in (module._parameters, module._buffers):
             for name, t in table.items():
-                if t is not None and t.is_meta:
-                    if id(t) not in made:
-                        empty = torch.empty(t.shape, dtype=t.dtype, device=device)
-                        made[id(t)] = (
-                            nn.Parameter(empty, requires_grad=False)
-                            if isinstance(t, nn.Parameter)
-                            else empty
-                        )
-                    table[name] = made[id(t)]  # type: ignore[assignment]
+                if t is None or (not t.is_meta and t.device.type == device.type):
+                    continue
+                if id(t) not in made:
+                    moved = (
+                        torch.empty(t.shape, dtype=t.dtype, device=device)
+                        if t.is_meta
+                        else t.detach().to(device)
+                    )
+                    made[id(t)] = (
+                        nn.Parameter(moved, requires_grad=False)
+                        if isinstance(t, nn.Parameter)
+                        else moved
+                    )
+                table[name] = made[id(t)]  # type: ignore[assignment]
     return model
 
 

@@ -88,9 +88,10 @@ def extend_attention_torch(
     """Reference / CPU path: one ``scaled_dot_product_attention`` per request (explicit
     scores where a soft cap must change them).
 
-    Without a sliding window the causal mask is implicit (bottom-right aligned when a prefix
-    is cached), which lets torch pick its fused flash kernel; GQA is handled by SDPA itself,
-    so K/V are never repeated.
+    Without a sliding window and a cached prefix the causal mask is implicit (torch's fused
+    flash kernel); with a prefix it is the bottom-right aligned boolean mask (what torch's
+    `causal_lower_right` materializes on the CPU; on CUDA the Triton kernel serves). GQA is
+    handled by SDPA itself, so K/V are never repeated.
     """
     out = torch.empty_like(q)
     offset = 0
@@ -118,7 +119,7 @@ def _causal(
     pre: int,
     scale: float,
 ) -> torch.Tensor:
-    """One request's causal attention over its prefix + new tokens (implicit mask)."""
+    """One request's causal attention over its prefix + new tokens."""
     ext = q.shape[0]
     slots = slots_row[: pre + ext].long()
     k = k_pool[slots].transpose(0, 1).unsqueeze(0)  # [1, hkv, n, d]
