@@ -96,4 +96,23 @@ PLAIT_INLINE float tanh_f32(float x) {
     return a < 0.125f ? small : big;
 }
 
+/* IEEE half (fp16 bits) to float, exactly: infinities and NaNs kept, subnormals scaled. */
+PLAIT_INLINE float half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    } else if (man == 0) {
+        bits = sign;
+    } else { /* subnormal: value man * 2^-24 */
+        float f = (float)man * 5.9604644775390625e-8f;
+        memcpy(&bits, &f, sizeof bits);
+        bits |= sign;
+    }
+    float out;
+    memcpy(&out, &bits, sizeof out);
+    return out;
+}
+
 #endif

@@ -103,24 +103,6 @@ PLAIT_INLINE void quantize_row(const float *x, int64_t k, int8_t *xq, float *dx,
     }
 }
 
-PLAIT_INLINE float half_to_float(uint16_t h) {
-    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
-    if (exp == 0x1f) {
-        bits = sign | 0x7f800000u | (man << 13);
-    } else if (exp != 0) {
-        bits = sign | ((exp + 112) << 23) | (man << 13);
-    } else if (man == 0) {
-        bits = sign;
-    } else { /* subnormal: value man * 2^-24 */
-        float f = (float)man * 5.9604644775390625e-8f;
-        memcpy(&bits, &f, sizeof bits);
-        bits |= sign;
-    }
-    float out;
-    memcpy(&out, &bits, sizeof out);
-    return out;
-}
-
 /* The IQ4_NL codebook (ggml's kvalues_iq4nl) + 128, as the codes the kernels dot. */
 static const uint8_t IQ4_TABLE[16] = {1,   24,  45,  63,  79,  93,  106, 118,
                                       129, 141, 153, 166, 181, 197, 217, 241};

@@ -320,24 +320,6 @@ int plait_pack_codes(const uint8_t *src, int64_t n, int64_t k, int planes, uint8
 
 /* ---- reading back -------------------------------------------------------------------------- */
 
-static float half_to_float(uint16_t h) {
-    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
-    if (exp == 0x1f) {
-        bits = sign | 0x7f800000u | (man << 13);
-    } else if (exp != 0) {
-        bits = sign | ((exp + 112) << 23) | (man << 13);
-    } else if (man == 0) {
-        bits = sign;
-    } else {
-        float f = (float)man * 5.9604644775390625e-8f;
-        memcpy(&bits, &f, sizeof bits);
-        bits |= sign;
-    }
-    float out;
-    memcpy(&out, &bits, sizeof out);
-    return out;
-}
-
 /* Value i (of 32) of row r in the group's planes at gp: the unsigned code (IQ4: the index). */
 static int code_at(int planes, const uint8_t *gp, int r, int i) {
     int t = i / 4, at = 4 * r + i % 4;
