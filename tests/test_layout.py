@@ -142,11 +142,12 @@ def test_only_the_scheduler_imports_the_grammar_package_and_only_its_public_name
     assert set(importers.values()) == {None}  # `from plait.backend.grammar import ...`
 
 
-def loaded_after(code: str) -> list[str]:
-    """The heavy packages loaded once `code` ran in a fresh interpreter."""
-    probe = f"{code}\nimport sys\nprint(' '.join(m for m in {HEAVY!r} if m in sys.modules))"
+def loaded_after(code: str, modules: tuple[str, ...] = HEAVY, *, timeout: float = 120) -> list[str]:
+    """Which of `modules` (default: the heavy packages) are loaded once `code` ran in a
+    fresh interpreter."""
+    probe = f"{code}\nimport sys\nprint(' '.join(m for m in {modules!r} if m in sys.modules))"
     out = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=timeout
     )
     return out.stdout.split()
 
@@ -198,12 +199,7 @@ def test_loading_a_model_loads_no_compiler_stack() -> None:
         "from plait.backend import Engine\n"
         "e = Engine('plait-tiny', num_threads=1, kv_tokens=1024)\n"
         "p = {'max_new_tokens': 2}\n"
-        "e.generate(['hello world ' * 8], [p]); e.generate(['hello world ' * 8 + 'x'], [p])\n"
-        "import sys\n"
-        "print(' '.join(m for m in ('torch._dynamo', 'torch.fx.experimental.symbolic_shapes')"
-        " if m in sys.modules))"
+        "e.generate(['hello world ' * 8], [p]); e.generate(['hello world ' * 8 + 'x'], [p])"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300
-    )
-    assert out.stdout.split() == []
+    compiler = ("torch._dynamo", "torch.fx.experimental.symbolic_shapes")
+    assert loaded_after(code, compiler, timeout=300) == []
