@@ -33,6 +33,7 @@ from plait.backend.grammar.llg_lark import ebnf_lark, tag_grammar
 from plait.backend.grammar.llg_matcher import LIMITS
 from plait.backend.grammar.regex_fsm import RegexFSM
 from plait.backend.grammar.schema.rewrite import rewrite_schema
+from plait.backend.grammar.schema.utils import is_number
 
 Schema = Any
 _UNIMPLEMENTED = re.compile(r"Unimplemented keys: \[(.*?)\]")
@@ -119,11 +120,7 @@ def _check_multiples(schema: Schema) -> None:
             stack.extend(node)
         elif isinstance(node, dict):
             step = node.get("multipleOf")
-            if (
-                isinstance(step, int | float)
-                and not isinstance(step, bool)
-                and _step_digits(step) > MAX_MULTIPLE_DIGITS_VALUE
-            ):
+            if is_number(step) and _step_digits(step) > MAX_MULTIPLE_DIGITS_VALUE:
                 raise GrammarError(
                     f"invalid json_schema: multipleOf {step} is past what llguidance "
                     f"builds (significant digits up to {MAX_MULTIPLE_DIGITS_VALUE})"
@@ -138,7 +135,7 @@ def _step_digits(step: float) -> int:
     """The integer llguidance follows a step's remainders by: the significant digits of a
     fraction (0.125: 125), an integer whole (1000000 stays 1000000: it strips trailing zeros
     only after a decimal point)."""
-    sign, digits, exponent = decimal.Decimal(repr(step)).normalize().as_tuple()
+    _, digits, exponent = decimal.Decimal(repr(step)).normalize().as_tuple()
     assert isinstance(exponent, int)  # a finite number: JSON has no others
     return int("".join(map(str, digits)) or "0") * 10 ** max(exponent, 0)
 

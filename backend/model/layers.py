@@ -279,12 +279,9 @@ def _embedding(vocab: int, hidden: int) -> nn.Embedding:
     """nn.Embedding, randomly initialized except on the meta device (`empty_model`): its
     normal_ there goes through torch's reference ops, whose import of torch._dynamo costs
     about a second of start-up."""
-    weight = torch.empty(vocab, hidden)
-    return (
-        nn.Embedding(vocab, hidden, _weight=weight)
-        if weight.is_meta
-        else nn.Embedding(vocab, hidden)
-    )
+    if not torch.empty(0).is_meta:  # the device context in force, found without a real table
+        return nn.Embedding(vocab, hidden)
+    return nn.Embedding(vocab, hidden, _weight=torch.empty(vocab, hidden))
 
 
 def _materialized(model: CausalLM, device: torch.device) -> CausalLM:

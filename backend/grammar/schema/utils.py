@@ -7,7 +7,7 @@ import json
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 MAX_INTEGER_STEP = 1024  # xgrammar ignores a larger integer multipleOf
 # Where a schema holds subschemas: lists of them, maps of name -> subschema, and single ones
@@ -240,5 +240,5 @@ def whole(value: Any) -> Any:
     return value
 
 
-def is_number(value: Any) -> bool:
+def is_number(value: Any) -> TypeGuard[int | float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
