@@ -157,6 +157,19 @@ def test_native_groups_odd_n(group: int, bits: int) -> None:
 
 
 @pytest.mark.skipif(not ISAS, reason="no C compiler")
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_native_row_does_not_depend_on_the_batch(fmt: str) -> None:
+    """fp16 and fp32 scales, with and without mins, runs of 16 and 32: a row alone gets the
+    bits it gets in a batch of 21 (AMX sixteens, fours and the remainder)."""
+    w = native_form(QuantWeight.pack(**_kw(logical(fmt, 35, 256, seed=7))))
+    x = torch.randn(21, 256, generator=torch.Generator().manual_seed(7))
+    whole = qn.native_quant_linear(x, w)
+    assert whole is not None
+    for i in range(21):
+        assert torch.equal(qn.native_quant_linear(x[i : i + 1], w), whole[i : i + 1]), i
+
+
+@pytest.mark.skipif(not ISAS, reason="no C compiler")
 @pytest.mark.parametrize("threads", [2, 3, 64])
 @pytest.mark.parametrize("m", [1, 13])
 def test_native_threads_bit_exact(threads: int, m: int) -> None:

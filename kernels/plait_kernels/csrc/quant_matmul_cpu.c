@@ -29,7 +29,6 @@
 #define XQ_MAX 127.0f
 /* Codes are prefetched this many bytes ahead (every line, into all levels): the hardware
  * prefetcher alone leaves a one-token decode (weights from DRAM) well short of bandwidth. */
-#define PF_SCALES 512 /* scales ahead (entries): about a prefetch distance of codes */
 /* 4 KiB: 2 KiB gave a 1B-class decode 3-4% more in a short test but not in cpu_peers (and
  * less prefill at two threads); 8 KiB was slower */
 #ifndef PF_DIST_OVERRIDE
