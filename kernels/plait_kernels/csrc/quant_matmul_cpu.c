@@ -28,14 +28,12 @@
 #define BLOCK_ROWS 16
 #define XQ_MAX 127.0f
 /* Codes are prefetched this many bytes ahead (every line, into all levels): the hardware
- * prefetcher alone leaves a one-token decode (weights from DRAM) well short of bandwidth. */
-/* 4 KiB: 2 KiB gave a 1B-class decode 3-4% more in a short test but not in cpu_peers (and
- * less prefill at two threads); 8 KiB was slower */
-#ifndef PF_DIST_OVERRIDE
+ * prefetcher alone leaves a one-token decode (weights from DRAM) well short of bandwidth.
+ * PF_DIST for the paths of several rows of x (4 KiB: 2 KiB gave less prefill at two threads,
+ * 8 KiB was slower), PF_DIST_ROW for one row (row1), which streams fastest: there 2 KiB gave a
+ * 1B-class Q4_K_M decode 18.3 tok/s against 16.4 at 4 KiB and 17.2-17.8 at 1 and 1.5 KiB. */
 #define PF_DIST 4096
-#else
-#define PF_DIST PF_DIST_OVERRIDE
-#endif
+#define PF_DIST_ROW 2048
 
 enum { ISA_GENERIC = 0, ISA_AVX2 = 1, ISA_AVX512 = 2, ISA_AVX512_VNNI = 3, ISA_AMX = 4 };
 
