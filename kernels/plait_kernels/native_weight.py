@@ -25,7 +25,6 @@ import numpy as np
 import torch
 
 from ._native import load_native, pool_function
-from .huge_pages import Spec, empty_huge
 
 BLOCK_ROWS = 16
 GROUP = 32  # values per group of x (one int8 scale) and per decoded group of codes
@@ -114,11 +113,13 @@ class NativePart:
         """The part of n rows and k columns whose arrays are `cut(array, values per entry
         along k)`."""
         per = (GROUP, self.form.sub, self.form.sub, SUPER, SUPER)
-        arrays = tuple(
+        arrays = [
             None if t is None else cut(t, p).contiguous()
             for t, p in zip(self.arrays, per, strict=True)
-        )
-        return _part(self.kind, self.form, n, k, arrays)
+        ]
+        codes, scales, mins, d, dmin = arrays
+        assert codes is not None and scales is not None
+        return NativePart(self.kind, self.form, n, k, codes, scales, mins, d, dmin)
 
 
 @dataclass(frozen=True, eq=False)
@@ -201,10 +202,9 @@ class NativeWeight:
             P4 if four else P8, SF16 if half else SF32, 0 if four else 128, sub, mins is not None
         )
         dtype = SCALE_DTYPES[form.scale_form]
-        (packed,) = empty_huge(
-            ((-(-n // BLOCK_ROWS), k // GROUP, GROUP_BYTES[form.planes]), torch.uint8)
+        packed = torch.empty(
+            -(-n // BLOCK_ROWS), k // GROUP, GROUP_BYTES[form.planes], dtype=torch.uint8
         )
-        assert packed is not None
         src = unsigned.contiguous()
         if _library().plait_pack_codes(
             src.data_ptr(), n, k, form.planes, form.zero, packed.data_ptr()
@@ -342,40 +342,29 @@ def _pack_sources(group: list[_Source], threads: int) -> NativePart:
 
 
 def _joined(a: NativePart, b: NativePart) -> NativePart:
-    def spec(x: torch.Tensor | None, y: torch.Tensor | None) -> Spec | None:
-        return (
-            None if x is None or y is None else ((x.shape[0] + y.shape[0], *x.shape[1:]), x.dtype)
-        )
+    def cat(x: torch.Tensor | None, y: torch.Tensor | None) -> torch.Tensor | None:
+        return None if x is None or y is None else torch.cat([x, y])
 
-    out = empty_huge(*(spec(x, y) for x, y in zip(a.arrays, b.arrays, strict=True)))
-    for x, y, o in zip(a.arrays, b.arrays, out, strict=True):
-        if x is not None and y is not None and o is not None:
-            torch.cat([x, y], out=o)
     kind = a.kind if a.kind == b.kind else f"{a.kind}+{b.kind}"
-    return _part(kind, a.form, a.n + b.n, a.k, out)
+    return NativePart(kind=kind, form=a.form, n=a.n + b.n, k=a.k, codes=cat(a.codes, b.codes),  # type: ignore[arg-type]
+                      scales=cat(a.scales, b.scales), mins=cat(a.mins, b.mins),  # type: ignore[arg-type]
+                      d=cat(a.d, b.d), dmin=cat(a.dmin, b.dmin))  # fmt: skip
 
 
 def _empty_part(kind: str, form: Form, n: int, k: int) -> NativePart:
     blocks = -(-n // BLOCK_ROWS)
-    scales = ((blocks, k // form.sub, BLOCK_ROWS), SCALE_DTYPES[form.scale_form])
-    supers = ((blocks, k // SUPER, BLOCK_ROWS), torch.float16)
+    scales = (blocks, k // form.sub, BLOCK_ROWS)
+    supers = (blocks, k // SUPER, BLOCK_ROWS)
+    dtype = SCALE_DTYPES[form.scale_form]
     k_form = form.scale_form == SK
-    arrays = empty_huge(
-        ((blocks, k // GROUP, GROUP_BYTES[form.planes]), torch.uint8),
-        scales,
-        scales if form.mins else None,
-        supers if k_form else None,
-        supers if k_form and form.mins else None,
-    )
-    return _part(kind, form, n, k, arrays)
-
-
-def _part(
-    kind: str, form: Form, n: int, k: int, arrays: tuple[torch.Tensor | None, ...]
-) -> NativePart:
-    codes, scales, mins, d, dmin = arrays
-    assert codes is not None and scales is not None
-    return NativePart(kind, form, n, k, codes, scales, mins, d, dmin)
+    return NativePart(
+        kind=kind, form=form, n=n, k=k,
+        codes=torch.empty(blocks, k // GROUP, GROUP_BYTES[form.planes], dtype=torch.uint8),
+        scales=torch.empty(scales, dtype=dtype),
+        mins=torch.empty(scales, dtype=dtype) if form.mins else None,
+        d=torch.empty(supers, dtype=torch.float16) if k_form else None,
+        dmin=torch.empty(supers, dtype=torch.float16) if k_form and form.mins else None,
+    )  # fmt: skip
 
 
 def _per_block(t: torch.Tensor) -> torch.Tensor:

@@ -178,7 +178,7 @@ PLAIT_INLINE void QF(tile)(const int planes, const int MT, const plait_qpart_t *
  * (run_scales' arithmetic, so the results are the same bits), not in a pass over the block
  * first: the scales then stream with the codes, and a decode reading its weights from memory
  * keeps the memory busy. With its shorter prefetch distance (PF_DIST_ROW) a 1B-class Q4_K_M
- * decode went from 13.6 to 18.3 tok/s at one thread. SUBS is 32 / sub; two sums per hi and
+ * decode went from 13.4 to 17.6 tok/s at one thread. SUBS is 32 / sub; two sums per hi and
  * lo byte keep the dot's latency hidden (across groups, which are independent). */
 PLAIT_INLINE void QF(row1)(const int planes, const int SUBS, const plait_qpart_t *p,
                            const qmm_act_t *a, int64_t i0, int64_t blk, float *out, int rows) {
