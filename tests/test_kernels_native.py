@@ -116,16 +116,23 @@ def test_threads_give_one_threads_bits(threads: int) -> None:
     assert one is not None and many is not None and torch.equal(one, many)
 
 
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("kind", QUANT_KINDS)
-def test_a_row_does_not_depend_on_the_batch(kind: str) -> None:
+def test_a_row_does_not_depend_on_the_batch(kind: str, isa: str) -> None:
     """One row alone (scales made per group as the codes stream), rows in fours and in
     sixteens (scales made once per block), and the remainder all give a row the same bits."""
     w = NativeWeight.from_gguf(kind, raw_rows(kind, 40, 512, seed=4))
     x = torch.randn(23, 512, generator=torch.Generator().manual_seed(4))
-    whole = quant_linear(x, w)
+
+    def run(rows: torch.Tensor) -> torch.Tensor:
+        out = qn.native_quant_linear(rows, w, isa=isa)
+        assert out is not None
+        return out
+
+    whole = run(x)
     for i in range(23):
-        assert torch.equal(quant_linear(x[i : i + 1], w), whole[i : i + 1]), i
-    assert torch.equal(quant_linear(x[:3], w), whole[:3])
+        assert torch.equal(run(x[i : i + 1]), whole[i : i + 1]), i
+    assert torch.equal(run(x[:3]), whole[:3])
 
 
 def test_nonfinite_input_gives_nan_in_its_row_only() -> None:
