@@ -116,11 +116,12 @@ static void QF(block_scales)(const plait_qpart_t *p, int64_t k, int64_t blk, flo
     }
 }
 
-/* MT rows of x (from row i0) against one block of 16 rows of a part (its scales S, Z from
- * block_scales): out[i][0..rows). */
-PLAIT_INLINE void QF(tile)(const int planes, const int MT, const plait_qpart_t *p,
-                           const qmm_act_t *a, int64_t i0, int64_t blk, const float *S,
-                           const float *Z, float *out, int64_t ldo, int rows) {
+/* Four rows of x (from row i0) against one block of 16 rows of a part (its scales S, Z from
+ * block_scales): out[i][0..rows). Two sums each of hi and lo per row; the four rows
+ * interleave their dots' latencies. */
+PLAIT_INLINE void QF(tile4)(const int planes, const plait_qpart_t *p, const qmm_act_t *a,
+                            int64_t i0, int64_t blk, const float *S, const float *Z, float *out,
+                            int64_t ldo, int rows) {
     const int64_t gc = a->k / 32, gbytes = qmm_group_bytes(planes);
     const int subs = p->sub == 16 ? 2 : 1;
     const uint8_t *codes = p->codes + blk * gc * gbytes;
@@ -135,25 +136,17 @@ PLAIT_INLINE void QF(tile)(const int planes, const int MT, const plait_qpart_t *
             sv[j] = QF(load_f32)(S + 16 * (g * subs + j));
             zv[j] = QF(load_f32)(Z + 16 * (g * subs + j));
         }
-        for (int i = 0; i < MT; ++i) {
+        for (int i = 0; i < 4; ++i) {
             const int8_t *xg = a->xq + (i0 + i) * 2 * a->k + 64 * g; /* hi, then lo */
-            /* NA independent sums each of hi and lo: one row alone needs four to hide the
-             * dot's latency; four rows interleave theirs */
-            const int NA = MT == 1 ? 4 : 2;
-            i32x16 ah[4] = {{0}}, al[4] = {{0}};
+            /* the first and second 16 values' sums (sub-blocks when sub = 16) */
+            i32x16 h[2] = {{0}}, l[2] = {{0}};
 #pragma GCC unroll 8
             for (int t = 0; t < 8; ++t) {
                 int32_t hi, lo;
                 memcpy(&hi, xg + 4 * t, sizeof hi);
                 memcpy(&lo, xg + 32 + 4 * t, sizeof lo);
-                ah[t / (8 / NA)] = QMM_DP(ah[t / (8 / NA)], V[t], (i8x64)((i32x16){} + hi));
-                al[t / (8 / NA)] = QMM_DP(al[t / (8 / NA)], V[t], (i8x64)((i32x16){} + lo));
-            }
-            /* the first and second 16 values' sums (sub-blocks when sub = 16) */
-            i32x16 h[2] = {ah[0], ah[NA / 2]}, l[2] = {al[0], al[NA / 2]};
-            for (int c = 1; c < NA / 2; ++c) {
-                h[0] += ah[c], h[1] += ah[NA / 2 + c];
-                l[0] += al[c], l[1] += al[NA / 2 + c];
+                h[t / 4] = QMM_DP(h[t / 4], V[t], (i8x64)((i32x16){} + hi));
+                l[t / 4] = QMM_DP(l[t / 4], V[t], (i8x64)((i32x16){} + lo));
             }
             const float dx = a->dx[(i0 + i) * gc + g];
             const float *xs = a->xs + (i0 + i) * 2 * gc + 2 * g; /* sum(xq) * dx per 16 */
@@ -170,11 +163,12 @@ PLAIT_INLINE void QF(tile)(const int planes, const int MT, const plait_qpart_t *
             }
         }
     }
-    for (int i = 0; i < MT; ++i) memcpy(out + i * ldo, &tot[i], sizeof(float) * (size_t)rows);
+    for (int i = 0; i < 4; ++i) memcpy(out + i * ldo, &tot[i], sizeof(float) * (size_t)rows);
 }
 
-/* One row of x (row i0) against one block, for a step of one or a few rows: as tile with
- * MT = 1, but each run's scales are made from the stored ones where the group uses them
+/* One row of x (row i0) against one block (a step of one to three rows, and the last one to
+ * three rows of a larger one): as tile4, but each run's scales are made from the stored ones
+ * where the group uses them
  * (run_scales' arithmetic, so the results are the same bits), not in a pass over the block
  * first: the scales then stream with the codes, and a decode reading its weights from memory
  * keeps the memory busy. With its shorter prefetch distance (PF_DIST_ROW) a 1B-class Q4_K_M
@@ -314,9 +308,9 @@ PLAIT_INLINE void QF(amx16)(const int planes, const plait_qpart_t *p, const qmm_
 #define QMM_AMX_ROWS(PLANES)
 #endif
 
-/* Every row of x against one block: 4 rows at a time, then one by one (two specializations
- * per plane kind keep the build short: a decode batch of 2 or 3 decodes its codes 2 or 3
- * times, cheap beside reading them). */
+/* Every row of x against one block: sixteen at a time on AMX, then four at a time, then one
+ * by one (two specializations per plane kind keep the build short: a decode batch of 2 or 3
+ * decodes its codes 2 or 3 times, cheap beside reading them). */
 #define QMM_DEFINE_ROWS(PLANES)                                                                    \
     static void QF(rows_##PLANES)(const plait_qpart_t *p, const qmm_act_t *a, int64_t blk,        \
                                   const float *S, const float *Z, float *out, int64_t ldo,        \
@@ -324,11 +318,9 @@ PLAIT_INLINE void QF(amx16)(const int planes, const plait_qpart_t *p, const qmm_
         int64_t i = 0;                                                                             \
         QMM_AMX_ROWS(PLANES)                                                                       \
         for (; i + 4 <= a->m; i += 4)                                                              \
-            QF(tile)(PLANES, 4, p, a, i, blk, S, Z, out + i * ldo, ldo, rows);                     \
-        for (; i < a->m; ++i) {                                                                  \
-            if (S != NULL)                                                                         \
-                QF(tile)(PLANES, 1, p, a, i, blk, S, Z, out + i * ldo, ldo, rows);                 \
-            else if (p->sub == 32)                                                                 \
+            QF(tile4)(PLANES, p, a, i, blk, S, Z, out + i * ldo, ldo, rows);                       \
+        for (; i < a->m; ++i) {                                                                    \
+            if (p->sub == 32)                                                                      \
                 QF(row1)(PLANES, 1, p, a, i, blk, out + i * ldo, rows);                            \
             else                                                                                   \
                 QF(row1)(PLANES, 2, p, a, i, blk, out + i * ldo, rows);                            \
@@ -346,11 +338,8 @@ QMM_DEFINE_ROWS(QMM_IQ4)
 /* One block of a part against every row of x; `scratch` holds 2 * 2 * (k / 32) * 16 floats. */
 static void QF(block)(const plait_qpart_t *p, const qmm_act_t *a, int64_t blk, float *scratch,
                       float *out, int64_t ldo, int rows) {
-    float *S = NULL, *Z = NULL;
-    if (a->m >= 4) { /* else the rows compute each run's scales where they use them */
-        S = scratch, Z = scratch + 2 * (a->k / 32) * 16;
-        QF(block_scales)(p, a->k, blk, S, Z);
-    }
+    float *S = scratch, *Z = scratch + 2 * (a->k / 32) * 16;
+    if (a->m >= 4) QF(block_scales)(p, a->k, blk, S, Z); /* single rows make their own */
     switch (p->planes) {
     case QMM_P4: QF(rows_QMM_P4)(p, a, blk, S, Z, out, ldo, rows); break;
     case QMM_P8: QF(rows_QMM_P8)(p, a, blk, S, Z, out, ldo, rows); break;
