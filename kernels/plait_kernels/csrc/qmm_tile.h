@@ -207,22 +207,30 @@ PLAIT_INLINE void QF(row1)(const int planes, const int SUBS, const plait_qpart_t
 }
 
 #ifdef QMM_AMX
-/* AMX: 16 rows of x at a time. Per step (a group of 32 values, or half a group when sub =
- * 16), the decoded codes are a B tile as they are (row t of the tile is V[t]: 16 weight rows
- * x 4 values), x's two bytes are A tiles read straight from xq (a row every 2k bytes), and
- * TDPBSUD (signed x, unsigned codes) gives every row of x the same integer sums the vector
- * path computes; the float steps after it are the vector path's, in its order, so the results
- * are bit for bit the same. The sums of even and odd steps go to two pairs of tiles, so the
- * tile unit works on one step while the vector unit scales the one before. Tiles: 0, 1 and
- * 2, 3 the hi and lo sums (16 x 16 int32); 4, 5 hi and lo x (16 x 32 or 16 bytes); 6 the
- * codes (8 or 4 rows of 64). */
+/* AMX: 16 rows of x at a time against one block whose codes were decoded ahead (D: per group
+ * the eight vectors V[t], 512 bytes; decode_block). Per step (a group of 32 values, or half a
+ * group when sub = 16), the decoded codes are a B tile as they are (row t of the tile is
+ * V[t]: 16 weight rows x 4 values), x's two bytes are A tiles (the sixteen rows' bytes for the
+ * group lie together in a->xt, tile_rows), and TDPBSUD (signed x, unsigned codes) gives every
+ * row of x the same integer sums the vector path computes; the float steps after it are the
+ * vector path's, in its order, so the results are bit for bit the same. The sums of even and
+ * odd steps go to two pairs of tiles and two buffers: a step's tiles are stored while the next
+ * one is computed and scaled a step later, so no load waits on a tile store just issued.
+ * Tiles: 0, 1 and 2, 3 the hi and lo sums (16 x 16 int32); 4, 5 hi and lo x (16 x 32 or 16
+ * bytes); 6 the codes (8 or 4 rows of 64). Measured on the 1B-class file's shapes (one thread,
+ * 512 rows of x), Q4_K went from 85-93 to 115-123 G multiply-adds/s with the decode hoisted out
+ * of the rows and x laid out as tiles; Q6_K (a step per 16 values, so twice the tile stores
+ * and scaling) stays near 70: the tile stores and the per-step scaling, not the multiplies,
+ * bound this path. */
 typedef struct {
     uint8_t palette, start_row, reserved[14];
     uint16_t colsb[16];
     uint8_t rows[16];
 } qmm_tilecfg_t;
 
-static void QF(amx_config)(int values) {
+/* Out of line, and the config's stores fenced: GCC does not count LDTILECFG as reading memory,
+ * so inlined, the config's stack slot was reused before it was read. */
+__attribute__((noinline)) static void QF(amx_config)(int values) {
     qmm_tilecfg_t c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
@@ -230,7 +238,19 @@ static void QF(amx_config)(int values) {
         c.colsb[t] = t < 4 || t == 6 ? 64 : (uint16_t)values;
         c.rows[t] = t == 6 ? (uint8_t)(values / 4) : 16;
     }
+    __asm__ volatile("" : : "r"(&c) : "memory");
     _tile_loadconfig(&c);
+}
+
+/* Every group's codes of block `blk`, decoded once for all the rows of x: D[512 g ..] = V. */
+static void QF(decode_block)(const plait_qpart_t *p, int64_t k, int64_t blk, uint8_t *D) {
+    const int64_t gc = k / 32, gbytes = qmm_group_bytes(p->planes);
+    const uint8_t *codes = p->codes + blk * gc * gbytes;
+    for (int64_t g = 0; g < gc; ++g) {
+        u8x64 V[8];
+        QF(decode)(p->planes, codes + g * gbytes, V);
+        memcpy(D + 512 * g, V, sizeof V);
+    }
 }
 
 /* A step's sums into tiles HI and LO (literal tile numbers: the intrinsics spell them into
@@ -246,77 +266,91 @@ static void QF(amx_config)(int values) {
         _tile_dpbsud(LO, 5, 6);                                                                    \
     } while (0)
 
-PLAIT_INLINE void QF(amx16)(const int planes, const plait_qpart_t *p, const qmm_act_t *a,
-                            int64_t i0, int64_t blk, const float *S, const float *Z, float *out,
-                            int64_t ldo, int rows) {
-    const int64_t gc = a->k / 32, gbytes = qmm_group_bytes(planes), stride = 2 * a->k;
-    const int subs = p->sub == 16 ? 2 : 1, width = 32 / subs;
-    const int64_t steps = gc * subs;
-    const uint8_t *codes = p->codes + blk * gc * gbytes;
-    const int8_t *x0 = a->xq + i0 * stride;
-    int32_t chi[16][16] __attribute__((aligned(64))), clo[16][16] __attribute__((aligned(64)));
-    u8x64 V[2][8] __attribute__((aligned(64)));
+/* Step `st`'s sums (tiles stored in chi, clo) scaled into tot: the vector path's float steps. */
+PLAIT_INLINE void QF(amx_scale)(const int subs, const qmm_act_t *a, int64_t i0, int64_t st,
+                                const float *S, const float *Z, const int32_t *chi,
+                                const int32_t *clo, f32x16 tot[16]) {
+    const int64_t first = i0 / 16 * (a->k / 32), at = first + st / subs; /* tile_rows' index */
+    const float *dx = a->dxt + 16 * at;
+    const float *xs = subs == 1 ? a->xs1t + 16 * at : a->xs2t + 32 * first + 16 * st;
+    const f32x16 sv = QF(load_f32)(S + 16 * st), zv = QF(load_f32)(Z + 16 * st);
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) {
+        i32x16 h, l;
+        memcpy(&h, chi + 16 * i, sizeof h);
+        memcpy(&l, clo + 16 * i, sizeof l);
+        f32x16 f = __builtin_convertvector((h << 8) + l, f32x16);
+        tot[i] += f * (sv * dx[i]);
+        tot[i] += zv * xs[i];
+    }
+}
+
+PLAIT_INLINE void QF(amx16)(const uint8_t *D, const int subs, const qmm_act_t *a, int64_t i0,
+                            const float *S, const float *Z, float *out, int64_t ldo, int rows) {
+    const int64_t steps = a->k / 32 * subs;
+    const int width = 32 / subs;
+    const int8_t *x0 = a->xt + i0 * 2 * a->k;
+    int32_t chi[2][256] __attribute__((aligned(64))), clo[2][256] __attribute__((aligned(64)));
     f32x16 tot[16] = {{0}};
-    for (int64_t st = 0; st <= steps; ++st) {
+    for (int64_t st = 0; st < steps + 2; ++st) {
         if (st < steps) { /* issue step st */
             const int64_t g = st / subs, j = st % subs;
-            const uint8_t *cp = codes + g * gbytes;
-            if (j == 0) {
-                for (int64_t line = 0; line < gbytes; line += 64)
-                    __builtin_prefetch(cp + PF_DIST + line, 0, 3);
-                QF(decode)(planes, cp, V[g & 1]);
-            }
-            const uint8_t *b = (const uint8_t *)V[g & 1] + 256 * j;
-            const int8_t *xg = x0 + 64 * g + width * j;
+            const uint8_t *b = D + 512 * g + 256 * j;
+            const int8_t *xg = x0 + 1024 * g + width * j;
             if (st & 1)
-                QMM_AMX_DOT(2, 3, b, xg, stride);
+                QMM_AMX_DOT(2, 3, b, xg, 64);
             else
-                QMM_AMX_DOT(0, 1, b, xg, stride);
+                QMM_AMX_DOT(0, 1, b, xg, 64);
         }
-        if (st == 0) continue;
-        const int64_t prev = st - 1, g = prev / subs, j = prev % subs; /* scale step st - 1 */
-        if (prev & 1) {
-            _tile_stored(2, chi, 64);
-            _tile_stored(3, clo, 64);
-        } else {
-            _tile_stored(0, chi, 64);
-            _tile_stored(1, clo, 64);
+        if (st >= 1 && st <= steps) { /* store step st - 1 */
+            if (st & 1) {
+                _tile_stored(0, chi[0], 64);
+                _tile_stored(1, clo[0], 64);
+            } else {
+                _tile_stored(2, chi[1], 64);
+                _tile_stored(3, clo[1], 64);
+            }
         }
-        const f32x16 sv = QF(load_f32)(S + 16 * prev), zv = QF(load_f32)(Z + 16 * prev);
-        for (int i = 0; i < 16; ++i) {
-            const float dx = a->dx[(i0 + i) * gc + g];
-            const float *xs = a->xs + (i0 + i) * 2 * gc + 2 * g;
-            i32x16 h, l;
-            memcpy(&h, chi[i], sizeof h);
-            memcpy(&l, clo[i], sizeof l);
-            f32x16 f = __builtin_convertvector((h << 8) + l, f32x16);
-            tot[i] += f * (sv * dx);
-            tot[i] += zv * (subs == 1 ? xs[0] + xs[1] : xs[j]);
-        }
+        if (st >= 2) /* scale step st - 2, stored a step ago */
+            QF(amx_scale)(subs, a, i0, st - 2, S, Z, chi[st & 1], clo[st & 1], tot);
     }
     for (int i = 0; i < 16; ++i) memcpy(out + i * ldo, &tot[i], sizeof(float) * (size_t)rows);
 }
 #undef QMM_AMX_DOT
-#define QMM_AMX_ROWS(PLANES)                                                                       \
-    if (a->m >= 16) {                                                                              \
-        QF(amx_config)(p->sub);                                                                    \
-        for (; i + 16 <= a->m; i += 16)                                                            \
-            QF(amx16)(PLANES, p, a, i, blk, S, Z, out + i * ldo, ldo, rows);                       \
-        _tile_release();                                                                           \
-    }
-#else
-#define QMM_AMX_ROWS(PLANES)
+
+/* The rows of x in sixteens against `nblk` blocks: each block's codes decoded once (into D,
+ * 16 k bytes a block), then per sixteen rows of x every block, so that the sixteen rows stay
+ * in cache while the blocks' codes and scales do too. Returns the rows done. */
+static int64_t QF(amx_rows)(const plait_qpart_t *p, const qmm_act_t *a, int64_t blk0,
+                            int64_t nblk, const float *SZ, uint8_t *D, float *out, int64_t ldo) {
+    const int64_t k = a->k, zs = 2 * (k / 32) * 16;
+    const int subs = p->sub == 16 ? 2 : 1;
+    if (a->m < 16) return 0;
+    for (int64_t b = 0; b < nblk; ++b) QF(decode_block)(p, k, blk0 + b, D + b * 16 * k);
+    QF(amx_config)(p->sub);
+    int64_t i = 0;
+    for (; i + 16 <= a->m; i += 16)
+        for (int64_t b = 0; b < nblk; ++b) {
+            int64_t left = p->n - (blk0 + b) * 16;
+            if (subs == 1)
+                QF(amx16)(D + b * 16 * k, 1, a, i, SZ + 2 * zs * b, SZ + 2 * zs * b + zs,
+                          out + i * ldo + 16 * b, ldo, left < 16 ? (int)left : 16);
+            else
+                QF(amx16)(D + b * 16 * k, 2, a, i, SZ + 2 * zs * b, SZ + 2 * zs * b + zs,
+                          out + i * ldo + 16 * b, ldo, left < 16 ? (int)left : 16);
+        }
+    _tile_release();
+    return i;
+}
 #endif
 
-/* Every row of x against one block: sixteen at a time on AMX, then four at a time, then one
- * by one (two specializations per plane kind keep the build short: a decode batch of 2 or 3
- * decodes its codes 2 or 3 times, cheap beside reading them). */
+/* Rows i0.. of x against one block: four at a time, then one by one (two specializations per
+ * plane kind keep the build short: a decode batch of 2 or 3 decodes its codes 2 or 3 times,
+ * cheap beside reading them). */
 #define QMM_DEFINE_ROWS(PLANES)                                                                    \
-    static void QF(rows_##PLANES)(const plait_qpart_t *p, const qmm_act_t *a, int64_t blk,        \
-                                  const float *S, const float *Z, float *out, int64_t ldo,        \
-                                  int rows) {                                                      \
-        int64_t i = 0;                                                                             \
-        QMM_AMX_ROWS(PLANES)                                                                       \
+    static void QF(rows_##PLANES)(const plait_qpart_t *p, const qmm_act_t *a, int64_t i,          \
+                                  int64_t blk, const float *S, const float *Z, float *out,        \
+                                  int64_t ldo, int rows) {                                         \
         for (; i + 4 <= a->m; i += 4)                                                              \
             QF(tile4)(PLANES, p, a, i, blk, S, Z, out + i * ldo, ldo, rows);                       \
         for (; i < a->m; ++i) {                                                                    \
@@ -335,21 +369,38 @@ QMM_DEFINE_ROWS(QMM_P2)
 QMM_DEFINE_ROWS(QMM_P2H1)
 QMM_DEFINE_ROWS(QMM_IQ4)
 
-/* One block of a part against every row of x; `scratch` holds 2 * 2 * (k / 32) * 16 floats. */
-static void QF(block)(const plait_qpart_t *p, const qmm_act_t *a, int64_t blk, float *scratch,
-                      float *out, int64_t ldo, int rows) {
-    float *S = scratch, *Z = scratch + 2 * (a->k / 32) * 16;
-    if (a->m >= 4) QF(block_scales)(p, a->k, blk, S, Z); /* single rows make their own */
-    switch (p->planes) {
-    case QMM_P4: QF(rows_QMM_P4)(p, a, blk, S, Z, out, ldo, rows); break;
-    case QMM_P8: QF(rows_QMM_P8)(p, a, blk, S, Z, out, ldo, rows); break;
-    case QMM_P4H1: QF(rows_QMM_P4H1)(p, a, blk, S, Z, out, ldo, rows); break;
-    case QMM_P4H2: QF(rows_QMM_P4H2)(p, a, blk, S, Z, out, ldo, rows); break;
-    case QMM_P2: QF(rows_QMM_P2)(p, a, blk, S, Z, out, ldo, rows); break;
-    case QMM_P2H1: QF(rows_QMM_P2H1)(p, a, blk, S, Z, out, ldo, rows); break;
-    default: QF(rows_QMM_IQ4)(p, a, blk, S, Z, out, ldo, rows); break;
+/* Blocks blk0 .. blk0 + nblk of a part against every row of x (out: block blk0's first
+ * column). `SZ` holds 4 k floats and `D` 16 k bytes per block: the blocks' scales as floats
+ * (block_scales: S then Z, made once for all rows of x when there are four or more) and, on
+ * AMX, their decoded codes. */
+static void QF(blocks)(const plait_qpart_t *p, const qmm_act_t *a, int64_t blk0, int64_t nblk,
+                       float *SZ, uint8_t *D, float *out, int64_t ldo) {
+    const int64_t zs = 2 * (a->k / 32) * 16;
+    int64_t i = 0;
+    if (a->m >= 4) /* single rows make their own */
+        for (int64_t b = 0; b < nblk; ++b)
+            QF(block_scales)(p, a->k, blk0 + b, SZ + 2 * zs * b, SZ + 2 * zs * b + zs);
+#ifdef QMM_AMX
+    i = QF(amx_rows)(p, a, blk0, nblk, SZ, D, out, ldo);
+#else
+    (void)D;
+#endif
+    if (i == a->m) return;
+    for (int64_t b = 0; b < nblk; ++b) {
+        const int64_t blk = blk0 + b, left = p->n - blk * 16;
+        const float *S = SZ + 2 * zs * b, *Z = S + zs;
+        float *ob = out + 16 * b;
+        const int rows = left < 16 ? (int)left : 16;
+        switch (p->planes) {
+        case QMM_P4: QF(rows_QMM_P4)(p, a, i, blk, S, Z, ob, ldo, rows); break;
+        case QMM_P8: QF(rows_QMM_P8)(p, a, i, blk, S, Z, ob, ldo, rows); break;
+        case QMM_P4H1: QF(rows_QMM_P4H1)(p, a, i, blk, S, Z, ob, ldo, rows); break;
+        case QMM_P4H2: QF(rows_QMM_P4H2)(p, a, i, blk, S, Z, ob, ldo, rows); break;
+        case QMM_P2: QF(rows_QMM_P2)(p, a, i, blk, S, Z, ob, ldo, rows); break;
+        case QMM_P2H1: QF(rows_QMM_P2H1)(p, a, i, blk, S, Z, ob, ldo, rows); break;
+        default: QF(rows_QMM_IQ4)(p, a, i, blk, S, Z, ob, ldo, rows); break;
+        }
     }
 }
 
 #undef QMM_DEFINE_ROWS
-#undef QMM_AMX_ROWS

@@ -52,6 +52,10 @@ typedef struct {
     const int8_t *xq;
     const float *dx, *xs;
     int64_t m, k;
+    /* AMX, m >= 16 (tile_rows; else NULL): xq's sixteens of rows as tiles, and per sixteen rows
+     * and group their dx, their sums of 32 (xs1t) and of each 16 (xs2t), 16 floats a piece */
+    const int8_t *xt;
+    const float *dxt, *xs1t, *xs2t;
 } qmm_act_t;
 
 PLAIT_INLINE int64_t qmm_group_bytes(int planes) {
@@ -99,6 +103,25 @@ PLAIT_INLINE void quantize_row(const float *x, int64_t k, int8_t *xq, float *dx,
         xs[2 * g] = (float)s[0] * dx[g];
         xs[2 * g + 1] = (float)s[1] * dx[g];
     }
+}
+
+/* x's rows in sixteens laid out as the AMX path reads them (a->xt.., from a->xq, dx, xs): per
+ * sixteen rows and group of 32, the sixteen rows' 64 bytes (hi, lo) one after another, so
+ * that a tile is 1 KiB in one piece (rows 2 k bytes apart share a few cache sets and evict
+ * each other), and their scales and sums as vectors of 16. */
+static void tile_rows(const qmm_act_t *a, int8_t *xt, float *dxt, float *xs1t, float *xs2t) {
+    const int64_t gc = a->k / 32;
+    for (int64_t i0 = 0; i0 + 16 <= a->m; i0 += 16)
+        for (int64_t g = 0; g < gc; ++g)
+            for (int64_t r = 0; r < 16; ++r) {
+                const int64_t at = (i0 / 16 * gc + g) * 16 + r, i = i0 + r;
+                const float *xs = a->xs + i * 2 * gc + 2 * g;
+                memcpy(xt + at * 64, a->xq + i * 2 * a->k + 64 * g, 64);
+                dxt[at] = a->dx[i * gc + g];
+                xs1t[at] = xs[0] + xs[1];
+                xs2t[at + 16 * (at / 16)] = xs[0];
+                xs2t[at + 16 * (at / 16) + 16] = xs[1];
+            }
 }
 
 /* The IQ4_NL codebook (ggml's kvalues_iq4nl) + 128, as the codes the kernels dot. */
@@ -306,22 +329,22 @@ int plait_qmm_isa(void) { return ISA_GENERIC; }
 
 /* ---- entry point --------------------------------------------------------------------------- */
 
-typedef void (*block_fn)(const plait_qpart_t *, const qmm_act_t *, int64_t, float *, float *,
-                         int64_t, int);
+typedef void (*blocks_fn)(const plait_qpart_t *, const qmm_act_t *, int64_t, int64_t, float *,
+                          uint8_t *, float *, int64_t);
 
-static block_fn pick(int isa) {
+static blocks_fn pick(int isa) {
 #if defined(__x86_64__) && defined(__GNUC__)
-    if (isa >= ISA_AMX) return block_amx;
-    if (isa == ISA_AVX512_VNNI) return block_vnni;
-    if (isa == ISA_AVX512) return block_avx512;
-    if (isa == ISA_AVX2) return block_avx2;
+    if (isa >= ISA_AMX) return blocks_amx;
+    if (isa == ISA_AVX512_VNNI) return blocks_vnni;
+    if (isa == ISA_AVX512) return blocks_avx512;
+    if (isa == ISA_AVX2) return blocks_avx2;
 #endif
     (void)isa;
-    return block_generic;
+    return blocks_generic;
 }
 
 /* Scratch kept per thread and grown as needed: `which` 0 for the quantized x (the calling
- * thread), 1 for a block's scales (every thread that runs blocks). */
+ * thread), 1 for a chunk of blocks' scales and decoded codes (every thread that runs blocks). */
 static void *scratch(int which, size_t bytes) {
     static __thread void *buf[2] = {NULL, NULL};
     static __thread size_t cap[2] = {0, 0};
@@ -335,7 +358,7 @@ static void *scratch(int which, size_t bytes) {
 }
 
 typedef struct {
-    block_fn run;
+    blocks_fn run;
     const plait_weight_t *w;
     qmm_act_t act;
     const float *bias;
@@ -344,29 +367,43 @@ typedef struct {
     int64_t row0[PLAIT_QMM_MAX_PARTS];      /* the parts' first output column */
 } job_t;
 
+/* Blocks are run this many bytes of scratch at a time (their scales as floats, 8 k bytes a
+ * block, and on AMX their decoded codes, 16 k): a chunk stays in the core's cache while every
+ * row of x passes over it. */
+#define CHUNK_BYTES (1 << 20)
+
+PLAIT_INLINE int64_t chunk_blocks(int64_t k) {
+    int64_t n = CHUNK_BYTES / (24 * k);
+    return n < 1 ? 1 : n;
+}
+
 /* Part `part` of `parts` of a job: a contiguous range of row blocks (so every output is
- * computed the same way whichever thread runs it). */
+ * computed the same way whichever thread runs it), in chunks of consecutive blocks of one
+ * weight part. */
 static void run_part(void *ctx, int part, int parts) {
     const job_t *j = ctx;
-    int64_t total = j->first[j->w->nparts];
+    int64_t total = j->first[j->w->nparts], k = j->act.k, most = chunk_blocks(k);
     int64_t b0 = total * part / parts, b1 = total * (part + 1) / parts, m = j->act.m;
     int64_t ldo = j->w->n, p = 0;
-    float *scales = scratch(1, sizeof(float) * 4 * (size_t)(j->act.k / 32) * 16);
-    if (scales == NULL) { /* out of memory: the outputs become nan, the caller checks */
+    char *buf = scratch(1, (size_t)(24 * k * most));
+    if (buf == NULL) { /* out of memory: the outputs become nan, the caller checks */
         for (int64_t i = 0; i < m; ++i)
             for (int64_t c = 0; c < ldo; ++c) j->out[i * ldo + c] = NAN;
         return;
     }
-    for (int64_t b = b0; b < b1; ++b) {
+    for (int64_t b = b0; b < b1;) {
         while (b >= j->first[p + 1]) ++p;
         const plait_qpart_t *q = &j->w->part[p];
-        int64_t blk = b - j->first[p], r0 = j->row0[p] + blk * BLOCK_ROWS;
-        int rows = q->n - blk * BLOCK_ROWS < BLOCK_ROWS ? (int)(q->n - blk * BLOCK_ROWS) : BLOCK_ROWS;
+        int64_t end = b1 < j->first[p + 1] ? b1 : j->first[p + 1];
+        int64_t nblk = end - b < most ? end - b : most, blk = b - j->first[p];
+        int64_t r0 = j->row0[p] + blk * BLOCK_ROWS, left = q->n - blk * BLOCK_ROWS;
+        int64_t cols = left < nblk * BLOCK_ROWS ? left : nblk * BLOCK_ROWS;
         float *ob = j->out + r0;
-        j->run(q, &j->act, blk, scales, ob, ldo, rows);
+        j->run(q, &j->act, blk, nblk, (float *)buf, (uint8_t *)(buf + 8 * k * most), ob, ldo);
+        b += nblk;
         if (j->bias == NULL) continue;
         for (int64_t i = 0; i < m; ++i)
-            for (int r = 0; r < rows; ++r) ob[i * ldo + r] += j->bias[r0 + r];
+            for (int64_t c = 0; c < cols; ++c) ob[i * ldo + c] += j->bias[r0 + c];
     }
 }
 
@@ -398,13 +435,20 @@ int plait_qmm_f32(int isa, int threads, plait_pool_fn pool, const float *x, int6
     if (!check_weight(w)) return -3;
     int64_t k = w->k, gc = k / 32;
     size_t xq_bytes = ((size_t)(2 * m * k) + 63) & ~(size_t)63;
-    char *buf = scratch(0, xq_bytes + sizeof(float) * (size_t)(3 * m * gc));
+    const int tiled = isa >= ISA_AMX && m >= 16;
+    char *buf = scratch(0, (tiled ? 2 : 1) * xq_bytes + sizeof(float) * (size_t)((tiled ? 7 : 3) * m * gc));
     if (buf == NULL) return -1;
     int8_t *xq = (int8_t *)buf;
     float *dx = (float *)(buf + xq_bytes), *xs = dx + m * gc;
     for (int64_t i = 0; i < m; ++i)
         quantize_row(x + i * ldx, k, xq + 2 * i * k, dx + i * gc, xs + i * 2 * gc);
-    job_t job = {pick(isa), w, {xq, dx, xs, m, k}, bias, out, {0}, {0}};
+    job_t job = {pick(isa), w, {xq, dx, xs, m, k, NULL, NULL, NULL, NULL}, bias, out, {0}, {0}};
+    if (tiled) {
+        float *dxt = xs + 2 * m * gc, *xs1t = dxt + m * gc, *xs2t = xs1t + m * gc;
+        int8_t *xt = (int8_t *)(xs2t + 2 * m * gc);
+        tile_rows(&job.act, xt, dxt, xs1t, xs2t);
+        job.act.xt = xt, job.act.dxt = dxt, job.act.xs1t = xs1t, job.act.xs2t = xs2t;
+    }
     for (int64_t p = 0; p < w->nparts; ++p) {
         job.first[p + 1] = job.first[p] + (w->part[p].n + BLOCK_ROWS - 1) / BLOCK_ROWS;
         if (p + 1 < w->nparts) job.row0[p + 1] = job.row0[p] + w->part[p].n;
