@@ -136,20 +136,22 @@ def test_a_row_does_not_depend_on_the_batch(kind: str, isa: str) -> None:
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_chunks_of_blocks_give_a_rows_bits(threads: int) -> None:
-    """Large batches run blocks in chunks (scales and, on AMX, decoded codes made once per
-    chunk, then every sixteen rows of x over the chunk): chunks that end inside a part and at a
-    part's end, a part's last block of 8 rows, two sixteens and a remainder, a bias and two
-    threads all give every row the bits it gets alone."""
+@pytest.mark.parametrize("m", [20, 37])
+def test_chunks_of_blocks_give_a_rows_bits(m: int, threads: int) -> None:
+    """Large batches run blocks in chunks (scales made once per chunk; on AMX, a single
+    sixteen of rows decodes each group as it goes, two or more have every block's codes decoded
+    once per chunk and pass over it): chunks that end inside a part and at a part's end, a
+    part's last block of 8 rows, one or two sixteens and a remainder, a bias and two threads
+    all give every row the bits it gets alone."""
     k = 2048  # 21 blocks to a chunk: the Q4_K part's 26 blocks take two
     shapes = [("Q4_K", 16 * 25 + 8), ("Q6_K", 40)]
     w = NativeWeight.stack([NativeWeight.from_gguf(kind, raw_rows(kind, n, k, seed=n))
                             for kind, n in shapes])  # fmt: skip
-    x = torch.randn(37, k, generator=torch.Generator().manual_seed(5))
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(5))
     bias = torch.randn(w.n, generator=torch.Generator().manual_seed(6))
     whole = qn.native_quant_linear(x, w, bias, threads=threads)
-    assert whole is not None and whole.shape == (37, w.n)
-    for i in range(37):
+    assert whole is not None and whole.shape == (m, w.n)
+    for i in range(m):
         alone = qn.native_quant_linear(x[i : i + 1], w, bias, threads=1)
         assert alone is not None and torch.equal(alone, whole[i : i + 1]), i
 

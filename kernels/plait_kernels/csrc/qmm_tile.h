@@ -242,15 +242,21 @@ __attribute__((noinline)) static void QF(amx_config)(int values) {
     _tile_loadconfig(&c);
 }
 
-/* Every group's codes of block `blk`, decoded once for all the rows of x: D[512 g ..] = V. */
+/* One group's codes decoded into memory as the tiles read them (V[0..7], 512 bytes). The
+ * fence keeps the stores ahead of the tile loads that read them: GCC's TILELOADD is an asm
+ * statement with no memory operand, so nothing else orders them. */
+PLAIT_INLINE void QF(decode_group)(const int planes, const uint8_t *cp, uint8_t *out) {
+    u8x64 V[8];
+    QF(decode)(planes, cp, V);
+    memcpy(out, V, sizeof V);
+    __asm__ volatile("" : : : "memory");
+}
+
+/* Every group's codes of block `blk`, decoded once for all the rows of x: D[512 g ..]. */
 static void QF(decode_block)(const plait_qpart_t *p, int64_t k, int64_t blk, uint8_t *D) {
     const int64_t gc = k / 32, gbytes = qmm_group_bytes(p->planes);
     const uint8_t *codes = p->codes + blk * gc * gbytes;
-    for (int64_t g = 0; g < gc; ++g) {
-        u8x64 V[8];
-        QF(decode)(p->planes, codes + g * gbytes, V);
-        memcpy(D + 512 * g, V, sizeof V);
-    }
+    for (int64_t g = 0; g < gc; ++g) QF(decode_group)(p->planes, codes + g * gbytes, D + 512 * g);
 }
 
 /* A step's sums into tiles HI and LO (literal tile numbers: the intrinsics spell them into
@@ -285,17 +291,30 @@ PLAIT_INLINE void QF(amx_scale)(const int subs, const qmm_act_t *a, int64_t i0, 
     }
 }
 
-PLAIT_INLINE void QF(amx16)(const uint8_t *D, const int subs, const qmm_act_t *a, int64_t i0,
-                            const float *S, const float *Z, float *out, int64_t ldo, int rows) {
-    const int64_t steps = a->k / 32 * subs;
+/* Sixteen rows of x (from i0) against one block: its codes decoded ahead in D (p NULL), or,
+ * for a single sixteen, decoded here a group ahead of their use into D, a ring of two groups
+ * (p, blk: the block; the stores then land well before the tile load that reads them). */
+PLAIT_INLINE void QF(amx16)(uint8_t *D, const int subs, const qmm_act_t *a, int64_t i0,
+                            const float *S, const float *Z, float *out, int64_t ldo, int rows,
+                            const plait_qpart_t *p, int64_t blk) {
+    const int64_t steps = a->k / 32 * subs, gc = a->k / 32;
     const int width = 32 / subs;
     const int8_t *x0 = a->xt + i0 * 2 * a->k;
+    const int64_t gbytes = p ? qmm_group_bytes(p->planes) : 0;
+    const uint8_t *codes = p ? p->codes + blk * gc * gbytes : NULL;
     int32_t chi[2][256] __attribute__((aligned(64))), clo[2][256] __attribute__((aligned(64)));
     f32x16 tot[16] = {{0}};
+    if (p) QF(decode_group)(p->planes, codes, D);
     for (int64_t st = 0; st < steps + 2; ++st) {
         if (st < steps) { /* issue step st */
             const int64_t g = st / subs, j = st % subs;
-            const uint8_t *b = D + 512 * g + 256 * j;
+            if (p && j == 0 && g + 1 < gc) {
+                const uint8_t *next = codes + (g + 1) * gbytes;
+                for (int64_t line = 0; line < gbytes; line += 64)
+                    __builtin_prefetch(next + PF_DIST + line, 0, 3);
+                QF(decode_group)(p->planes, next, D + 512 * ((g + 1) & 1));
+            }
+            const uint8_t *b = D + 512 * (p ? g & 1 : g) + 256 * j;
             const int8_t *xg = x0 + 1024 * g + width * j;
             if (st & 1)
                 QMM_AMX_DOT(2, 3, b, xg, 64);
@@ -318,26 +337,29 @@ PLAIT_INLINE void QF(amx16)(const uint8_t *D, const int subs, const qmm_act_t *a
 }
 #undef QMM_AMX_DOT
 
-/* The rows of x in sixteens against `nblk` blocks: each block's codes decoded once (into D,
- * 16 k bytes a block), then per sixteen rows of x every block, so that the sixteen rows stay
- * in cache while the blocks' codes and scales do too. Returns the rows done. */
+/* The rows of x in sixteens against `nblk` blocks. With two sixteens or more, each block's
+ * codes are decoded once (into D, 16 k bytes a block), then per sixteen rows of x every block,
+ * so that the sixteen rows stay in cache while the blocks' codes and scales do too; a single
+ * sixteen decodes each group as it goes (amx16). Returns the rows done. */
 static int64_t QF(amx_rows)(const plait_qpart_t *p, const qmm_act_t *a, int64_t blk0,
                             int64_t nblk, const float *SZ, uint8_t *D, float *out, int64_t ldo) {
     const int64_t k = a->k, zs = 2 * (k / 32) * 16;
-    const int subs = p->sub == 16 ? 2 : 1;
-    if (a->m < 16) return 0;
-    for (int64_t b = 0; b < nblk; ++b) QF(decode_block)(p, k, blk0 + b, D + b * 16 * k);
+    const int subs = p->sub == 16 ? 2 : 1, once = a->m >= 32;
+    if (once)
+        for (int64_t b = 0; b < nblk; ++b) QF(decode_block)(p, k, blk0 + b, D + b * 16 * k);
     QF(amx_config)(p->sub);
     int64_t i = 0;
     for (; i + 16 <= a->m; i += 16)
         for (int64_t b = 0; b < nblk; ++b) {
-            int64_t left = p->n - (blk0 + b) * 16;
+            const int64_t left = p->n - (blk0 + b) * 16;
+            const float *S = SZ + 2 * zs * b, *Z = S + zs;
+            uint8_t *Db = once ? D + b * 16 * k : D;
+            float *ob = out + i * ldo + 16 * b;
+            const int rows = left < 16 ? (int)left : 16;
             if (subs == 1)
-                QF(amx16)(D + b * 16 * k, 1, a, i, SZ + 2 * zs * b, SZ + 2 * zs * b + zs,
-                          out + i * ldo + 16 * b, ldo, left < 16 ? (int)left : 16);
+                QF(amx16)(Db, 1, a, i, S, Z, ob, ldo, rows, once ? NULL : p, blk0 + b);
             else
-                QF(amx16)(D + b * 16 * k, 2, a, i, SZ + 2 * zs * b, SZ + 2 * zs * b + zs,
-                          out + i * ldo + 16 * b, ldo, left < 16 ? (int)left : 16);
+                QF(amx16)(Db, 2, a, i, S, Z, ob, ldo, rows, once ? NULL : p, blk0 + b);
         }
     _tile_release();
     return i;
@@ -370,27 +392,32 @@ QMM_DEFINE_ROWS(QMM_P2H1)
 QMM_DEFINE_ROWS(QMM_IQ4)
 
 /* Blocks blk0 .. blk0 + nblk of a part against every row of x (out: block blk0's first
- * column). `SZ` holds 4 k floats and `D` 16 k bytes per block: the blocks' scales as floats
- * (block_scales: S then Z, made once for all rows of x when there are four or more) and, on
- * AMX, their decoded codes. */
+ * column). `SZ` holds 2 k floats and `D` 16 k bytes per block: the blocks' scales as floats
+ * (block_scales: S then Z, for four or more rows of x; single rows make their own) and, on
+ * AMX, their decoded codes. On AMX with 16 or more rows every block's scales are made first,
+ * then the sixteens run (amx_rows); otherwise a block's are made just before its rows, in the
+ * first slot. */
 static void QF(blocks)(const plait_qpart_t *p, const qmm_act_t *a, int64_t blk0, int64_t nblk,
                        float *SZ, uint8_t *D, float *out, int64_t ldo) {
     const int64_t zs = 2 * (a->k / 32) * 16;
-    int64_t i = 0;
-    if (a->m >= 4) /* single rows make their own */
+    int64_t i = 0, made = 0;
+#ifdef QMM_AMX
+    if (a->m >= 16) {
         for (int64_t b = 0; b < nblk; ++b)
             QF(block_scales)(p, a->k, blk0 + b, SZ + 2 * zs * b, SZ + 2 * zs * b + zs);
-#ifdef QMM_AMX
-    i = QF(amx_rows)(p, a, blk0, nblk, SZ, D, out, ldo);
+        made = 1;
+        i = QF(amx_rows)(p, a, blk0, nblk, SZ, D, out, ldo);
+    }
 #else
     (void)D;
 #endif
     if (i == a->m) return;
     for (int64_t b = 0; b < nblk; ++b) {
         const int64_t blk = blk0 + b, left = p->n - blk * 16;
-        const float *S = SZ + 2 * zs * b, *Z = S + zs;
+        float *S = SZ + 2 * zs * b * made, *Z = S + zs;
         float *ob = out + 16 * b;
         const int rows = left < 16 ? (int)left : 16;
+        if (!made && a->m >= 4) QF(block_scales)(p, a->k, blk, S, Z);
         switch (p->planes) {
         case QMM_P4: QF(rows_QMM_P4)(p, a, i, blk, S, Z, ob, ldo, rows); break;
         case QMM_P8: QF(rows_QMM_P8)(p, a, i, blk, S, Z, ob, ldo, rows); break;
