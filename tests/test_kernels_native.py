@@ -136,7 +136,7 @@ def test_a_row_does_not_depend_on_the_batch(kind: str, isa: str) -> None:
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("m", [20, 37])
+@pytest.mark.parametrize("m", [16, 20, 37])
 def test_chunks_of_blocks_give_a_rows_bits(m: int, threads: int) -> None:
     """Large batches run blocks in chunks (scales made once per chunk; on AMX, a single
     sixteen of rows decodes each group as it goes, two or more have every block's codes decoded

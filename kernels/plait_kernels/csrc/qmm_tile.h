@@ -207,8 +207,9 @@ PLAIT_INLINE void QF(row1)(const int planes, const int SUBS, const plait_qpart_t
 }
 
 #ifdef QMM_AMX
-/* AMX: 16 rows of x at a time against one block whose codes were decoded ahead (D: per group
- * the eight vectors V[t], 512 bytes; decode_block). Per step (a group of 32 values, or half a
+/* AMX: 16 rows of x at a time against one block whose codes are decoded into memory (D: per
+ * group the eight vectors V[t], 512 bytes; the whole block ahead, decode_block, or a group
+ * ahead in a ring of two for a single sixteen). Per step (a group of 32 values, or half a
  * group when sub = 16), the decoded codes are a B tile as they are (row t of the tile is
  * V[t]: 16 weight rows x 4 values), x's two bytes are A tiles (the sixteen rows' bytes for the
  * group lie together in a->xt, tile_rows), and TDPBSUD (signed x, unsigned codes) gives every
@@ -243,11 +244,12 @@ __attribute__((noinline)) static void QF(amx_config)(int values) {
 }
 
 /* One group's codes decoded into memory as the tiles read them (V[0..7], 512 bytes). The
- * fence keeps the stores ahead of the tile loads that read them: GCC's TILELOADD is an asm
- * statement with no memory operand, so nothing else orders them. */
+ * fences keep the stores after the tile loads before them and ahead of those after them: GCC's
+ * TILELOADD is an asm statement with no memory operand, so nothing else orders them. */
 PLAIT_INLINE void QF(decode_group)(const int planes, const uint8_t *cp, uint8_t *out) {
     u8x64 V[8];
     QF(decode)(planes, cp, V);
+    __asm__ volatile("" : : : "memory");
     memcpy(out, V, sizeof V);
     __asm__ volatile("" : : : "memory");
 }
