@@ -117,9 +117,7 @@ class NativePart:
             None if t is None else cut(t, p).contiguous()
             for t, p in zip(self.arrays, per, strict=True)
         ]
-        codes, scales, mins, d, dmin = arrays
-        assert codes is not None and scales is not None
-        return NativePart(self.kind, self.form, n, k, codes, scales, mins, d, dmin)
+        return _part(self.kind, self.form, n, k, arrays)
 
 
 @dataclass(frozen=True, eq=False)
@@ -346,9 +344,15 @@ def _joined(a: NativePart, b: NativePart) -> NativePart:
         return None if x is None or y is None else torch.cat([x, y])
 
     kind = a.kind if a.kind == b.kind else f"{a.kind}+{b.kind}"
-    return NativePart(kind=kind, form=a.form, n=a.n + b.n, k=a.k, codes=cat(a.codes, b.codes),  # type: ignore[arg-type]
-                      scales=cat(a.scales, b.scales), mins=cat(a.mins, b.mins),  # type: ignore[arg-type]
-                      d=cat(a.d, b.d), dmin=cat(a.dmin, b.dmin))  # fmt: skip
+    arrays = [cat(x, y) for x, y in zip(a.arrays, b.arrays, strict=True)]
+    return _part(kind, a.form, a.n + b.n, a.k, arrays)
+
+
+def _part(kind: str, form: Form, n: int, k: int, arrays: list[torch.Tensor | None]) -> NativePart:
+    """A part from its arrays in `NativePart.arrays` order (codes and scales always there)."""
+    codes, scales, mins, d, dmin = arrays
+    assert codes is not None and scales is not None
+    return NativePart(kind, form, n, k, codes, scales, mins, d, dmin)
 
 
 def _empty_part(kind: str, form: Form, n: int, k: int) -> NativePart:

@@ -404,7 +404,7 @@ static void QF(blocks)(const plait_qpart_t *p, const qmm_act_t *a, int64_t blk0,
     const int64_t zs = 2 * (a->k / 32) * 16;
     int64_t i = 0, made = 0;
 #ifdef QMM_AMX
-    if (a->m >= 16) {
+    if (a->xt != NULL) { /* 16 rows or more: plait_qmm_f32 laid them out as tiles */
         for (int64_t b = 0; b < nblk; ++b)
             QF(block_scales)(p, a->k, blk0 + b, SZ + 2 * zs * b, SZ + 2 * zs * b + zs);
         made = 1;
