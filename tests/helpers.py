@@ -73,12 +73,16 @@ def hf_gguf_tokenizer(path: Path) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
 
 
-def native_bound(x: torch.Tensor, dense: torch.Tensor, terms: torch.Tensor) -> torch.Tensor:
+def native_bound(
+    x: torch.Tensor, dense: torch.Tensor, terms: torch.Tensor, *, span: int = 32
+) -> torch.Tensor:
     """Per-output bound on |C quantized matmul - x @ dense^T| for x [m, k] and the weight's
-    dense values [n, k]: x is held per group of 32 within dx / 256 (dx = max|x_g| / 127; two
-    int8 parts), everything after that is exact in integers but for fp32 rounding, bounded by
-    2^-18 * |x| @ terms^T with `terms` [n, k] the weight's |s (q - zero)| + |m|."""
+    dense values [n, k]: x is held per group of 32 within dx / 256 (dx = max|x| / 127 over the
+    group's `span`, 256 for a weight with K-quant parts; two int8 parts), everything after that
+    is exact in integers but for fp32 rounding, bounded by 2^-18 * |x| @ terms^T with `terms`
+    [n, k] the weight's |s (q - zero)| + |m|."""
     m, k = x.shape
-    dx = x.double().view(m, k // 32, 32).abs().amax(-1) / (127 * 256)
+    dx = x.double().view(m, k // span, span).abs().amax(-1) / (127 * 256)
+    dx = dx.repeat_interleave(span // 32, dim=1)
     wabs = dense.double().abs().view(dense.shape[0], k // 32, 32).sum(-1)
     return dx @ wabs.T + 2.0**-18 * (x.double().abs() @ terms.double().T) + 1e-30

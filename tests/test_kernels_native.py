@@ -69,7 +69,7 @@ def test_kernel_every_isa_within_bound(kind: str, m: int) -> None:
     x = torch.randn(m, k, generator=gen) * torch.logspace(-2, 1, k)  # outlier channels
     bias = torch.randn(n, generator=gen)
     exact = x.double() @ dense.double().T + bias.double()
-    bound = native_bound(x, dense, terms(dense, kind, raw, k))
+    bound = native_bound(x, dense, terms(dense, kind, raw, k), span=w.column_step)
     outs = [qn.native_quant_linear(x, w, bias, isa=isa) for isa in ISAS]
     for isa, out in zip(ISAS, outs, strict=True):
         assert out is not None
@@ -135,16 +135,18 @@ def test_a_row_does_not_depend_on_the_batch(kind: str, isa: str) -> None:
     assert torch.equal(run(x[:3]), whole[:3])
 
 
+@pytest.mark.parametrize("first", ["Q6_K", "Q8_0"])
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("m", [16, 20, 37])
-def test_chunks_of_blocks_give_a_rows_bits(m: int, threads: int) -> None:
-    """Large batches run blocks in chunks (scales made once per chunk; on AMX, a single
-    sixteen of rows decodes each group as it goes, two or more have every block's codes decoded
-    once per chunk and pass over it): chunks that end inside a part and at a part's end, a
-    part's last block of 8 rows, one or two sixteens and a remainder, a bias and two threads
-    all give every row the bits it gets alone."""
-    k = 2048  # 21 blocks to a chunk: the Q4_K part's 26 blocks take two
-    shapes = [("Q4_K", 16 * 25 + 8), ("Q6_K", 40)]
+def test_chunks_of_blocks_give_a_rows_bits(m: int, threads: int, first: str) -> None:
+    """Large batches run blocks in chunks (on AMX, a single sixteen of rows decodes each group
+    as it goes, two or more have every block's codes decoded once per chunk and pass over it):
+    chunks that end inside a part and at a part's end, a part's last block of 8 rows, one or
+    two sixteens and a remainder, a bias and two threads all give every row the bits it gets
+    alone. With a Q8_0 part beside the K-quant one, x is quantized per super-block and laid out
+    in pairs of groups for both, and the Q8_0 part reads it so."""
+    k = 2048  # 12 blocks to a chunk: the Q4_K part's 26 blocks take three
+    shapes = [(first, 40), ("Q4_K", 16 * 25 + 8)]
     w = NativeWeight.stack([NativeWeight.from_gguf(kind, raw_rows(kind, n, k, seed=n))
                             for kind, n in shapes])  # fmt: skip
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(5))
@@ -154,6 +156,9 @@ def test_chunks_of_blocks_give_a_rows_bits(m: int, threads: int) -> None:
     for i in range(m):
         alone = qn.native_quant_linear(x[i : i + 1], w, bias, threads=1)
         assert alone is not None and torch.equal(alone, whole[i : i + 1]), i
+    dense = w.dequantize()
+    err = (whole.double() - (x.double() @ dense.double().T + bias.double())).abs()
+    assert float(err.max()) < 1e-3 * float(x.abs().max()) * float(dense.abs().sum(1).max())
 
 
 def test_nonfinite_input_gives_nan_in_its_row_only() -> None:

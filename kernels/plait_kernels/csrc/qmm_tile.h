@@ -206,23 +206,22 @@ PLAIT_INLINE void QF(row1)(const int planes, const int SUBS, const plait_qpart_t
     memcpy(out, &tot, sizeof(float) * (size_t)rows);
 }
 
+#include "qmm_ktile.h"
+
 #ifdef QMM_AMX
-/* AMX: 16 rows of x at a time against one block whose codes are decoded into memory (D: per
- * group the eight vectors V[t], 512 bytes; the whole block ahead, decode_block, or a group
- * ahead in a ring of two for a single sixteen). Per step (a group of 32 values, or half a
- * group when sub = 16), the decoded codes are a B tile as they are (row t of the tile is
- * V[t]: 16 weight rows x 4 values), x's two bytes are A tiles (the sixteen rows' bytes for the
- * group lie together in a->xt, tile_rows), and TDPBSUD (signed x, unsigned codes) gives every
- * row of x the same integer sums the vector path computes; the float steps after it are the
- * vector path's, in its order, so the results are bit for bit the same. The sums of even and
- * odd steps go to two pairs of tiles and two buffers: a step's tiles are stored while the next
- * one is computed and scaled a step later, so no load waits on a tile store just issued.
- * Tiles: 0, 1 and 2, 3 the hi and lo sums (16 x 16 int32); 4, 5 hi and lo x (16 x 32 or 16
- * bytes); 6 the codes (8 or 4 rows of 64). Measured on the 1B-class file's shapes (one thread,
- * 512 rows of x), Q4_K went from 85-93 to 115-123 G multiply-adds/s with the decode hoisted out
- * of the rows and x laid out as tiles; Q6_K (a step per 16 values, so twice the tile stores
- * and scaling) stays near 70: the tile stores and the per-step scaling, not the multiplies,
- * bound this path. */
+/* AMX: 16 rows of x at a time. Forms with float scales (amx16): against one block whose codes
+ * are decoded into memory (D: per group the eight vectors V[t], 512 bytes; the whole block
+ * ahead, decode_block, or a group ahead in a ring of two for a single sixteen). Per step (a
+ * group of 32 values, or half a group when sub = 16), the decoded codes are a B tile as they
+ * are (row t of the tile is V[t]: 16 weight rows x 4 values), x's two bytes are A tiles (the
+ * sixteen rows' bytes for the group lie together in a->xt, tile_rows), and TDPBSUD (signed x,
+ * unsigned codes) gives every row of x the same integer sums the vector path computes; the
+ * float steps after it are the vector path's, in its order, so the results are bit for bit
+ * the same. The sums of even and odd steps go to two pairs of tiles and two buffers: a step's
+ * tiles are stored while the next one is computed and scaled a step later, so no load waits
+ * on a tile store just issued. Tiles: 0, 1 and 2, 3 the hi and lo sums (16 x 16 int32); 4, 5
+ * hi and lo x (16 x 32 or 16 bytes); 6 the codes (8 or 4 rows of 64). K forms (amx16k,
+ * qmm_ktile.h) sum a super-block in the tiles instead. */
 typedef struct {
     uint8_t palette, start_row, reserved[14];
     uint16_t colsb[16];
@@ -235,9 +234,9 @@ __attribute__((noinline)) static void QF(amx_config)(int values) {
     qmm_tilecfg_t c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
-    for (int t = 0; t < 7; ++t) {
-        c.colsb[t] = t < 4 || t == 6 ? 64 : (uint16_t)values;
-        c.rows[t] = t == 6 ? (uint8_t)(values / 4) : 16;
+    for (int t = 0; t < 8; ++t) {
+        c.colsb[t] = t == 4 || t == 5 ? (uint16_t)values : 64;
+        c.rows[t] = t >= 6 ? (uint8_t)(values / 4) : 16;
     }
     __asm__ volatile("" : : "r"(&c) : "memory");
     _tile_loadconfig(&c);
@@ -269,7 +268,7 @@ static void QF(decode_block)(const plait_qpart_t *p, int64_t k, int64_t blk, uin
         _tile_zero(LO);                                                                            \
         _tile_loadd(6, codes, 64);                                                                 \
         _tile_loadd(4, xg, stride);                                                                \
-        _tile_loadd(5, (xg) + 32, stride);                                                         \
+        _tile_loadd(5, (xg) + (stride) / 2, stride);                                               \
         _tile_dpbsud(HI, 4, 6);                                                                    \
         _tile_dpbsud(LO, 5, 6);                                                                    \
     } while (0)
@@ -302,6 +301,7 @@ PLAIT_INLINE void QF(amx16)(uint8_t *D, const int subs, const qmm_act_t *a, int6
     const int64_t steps = a->k / 32 * subs, gc = a->k / 32;
     const int width = 32 / subs;
     const int8_t *x0 = a->xt + i0 * 2 * a->k;
+    const int xstride = a->xpair ? 128 : 64; /* tile_rows' layout */
     const int64_t gbytes = p ? qmm_group_bytes(p->planes) : 0;
     const uint8_t *codes = p ? p->codes + blk * gc * gbytes : NULL;
     int32_t chi[2][256] __attribute__((aligned(64))), clo[2][256] __attribute__((aligned(64)));
@@ -317,11 +317,12 @@ PLAIT_INLINE void QF(amx16)(uint8_t *D, const int subs, const qmm_act_t *a, int6
                 QF(decode_group)(p->planes, next, D + 512 * ((g + 1) & 1));
             }
             const uint8_t *b = D + 512 * (p ? g & 1 : g) + 256 * j;
-            const int8_t *xg = x0 + 1024 * g + width * j;
+            const int8_t *xg = x0 + width * j +
+                               (a->xpair ? 2048 * (g >> 1) + 32 * (g & 1) : 1024 * g);
             if (st & 1)
-                QMM_AMX_DOT(2, 3, b, xg, 64);
+                QMM_AMX_DOT(2, 3, b, xg, xstride);
             else
-                QMM_AMX_DOT(0, 1, b, xg, 64);
+                QMM_AMX_DOT(0, 1, b, xg, xstride);
         }
         if (st >= 1 && st <= steps) { /* store step st - 1 */
             if (st & 1) {
@@ -344,25 +345,35 @@ PLAIT_INLINE void QF(amx16)(uint8_t *D, const int subs, const qmm_act_t *a, int6
  * so that the sixteen rows stay in cache while the blocks' codes and scales do too; a single
  * sixteen decodes each group as it goes (amx16). Returns the rows done. */
 static int64_t QF(amx_rows)(const plait_qpart_t *p, const qmm_act_t *a, int64_t blk0,
-                            int64_t nblk, const float *SZ, uint8_t *D, float *out, int64_t ldo) {
+                            int64_t nblk, float *SZ, uint8_t *D, float *out, int64_t ldo) {
     const int64_t k = a->k, zs = 2 * (k / 32) * 16;
-    const int subs = p->sub == 16 ? 2 : 1, once = a->m >= 32;
+    const int subs = p->sub == 16 ? 2 : 1, once = a->m >= 32, sk = p->scale_form == QMM_SK;
+    const int64_t dblk = (sk ? 32 : 16) * k; /* decoded bytes per block */
     if (once)
-        for (int64_t b = 0; b < nblk; ++b) QF(decode_block)(p, k, blk0 + b, D + b * 16 * k);
-    QF(amx_config)(p->sub);
-    int64_t i = 0;
-    for (; i + 16 <= a->m; i += 16)
         for (int64_t b = 0; b < nblk; ++b) {
+            if (sk)
+                QF(decode_block_k)(p, k, blk0 + b, D + b * dblk);
+            else
+                QF(decode_block)(p, k, blk0 + b, D + b * dblk);
+        }
+    QF(amx_config)(sk ? 64 : p->sub); /* a K form's steps are pairs of groups */
+    int64_t i = 0;
+    for (; i + 16 <= a->m; i += 16) {
+        if (sk) QF(amx16k)(D, a, i, p, blk0, nblk, !once, SZ, out + i * ldo, ldo);
+        for (int64_t b = 0; b < nblk && !sk; ++b) {
             const int64_t left = p->n - (blk0 + b) * 16;
             const float *S = SZ + 2 * zs * b, *Z = S + zs;
-            uint8_t *Db = once ? D + b * 16 * k : D;
+            uint8_t *Db = once ? D + b * dblk : D;
             float *ob = out + i * ldo + 16 * b;
             const int rows = left < 16 ? (int)left : 16;
-            if (subs == 1)
+            if (sk)
+                continue; /* below, all blocks at once */
+            else if (subs == 1)
                 QF(amx16)(Db, 1, a, i, S, Z, ob, ldo, rows, once ? NULL : p, blk0 + b);
             else
                 QF(amx16)(Db, 2, a, i, S, Z, ob, ldo, rows, once ? NULL : p, blk0 + b);
         }
+    }
     _tile_release();
     return i;
 }
@@ -375,10 +386,19 @@ static int64_t QF(amx_rows)(const plait_qpart_t *p, const qmm_act_t *a, int64_t 
     static void QF(rows_##PLANES)(const plait_qpart_t *p, const qmm_act_t *a, int64_t i,          \
                                   int64_t blk, const float *S, const float *Z, float *out,        \
                                   int64_t ldo, int rows) {                                         \
-        for (; i + 4 <= a->m; i += 4)                                                              \
-            QF(tile4)(PLANES, p, a, i, blk, S, Z, out + i * ldo, ldo, rows);                       \
+        const int sk = p->scale_form == QMM_SK;                                                    \
+        for (; i + 4 <= a->m; i += 4) {                                                            \
+            if (sk)                                                                                \
+                QF(tile4k)(PLANES, p, a, i, blk, out + i * ldo, ldo, rows);                        \
+            else                                                                                   \
+                QF(tile4)(PLANES, p, a, i, blk, S, Z, out + i * ldo, ldo, rows);                   \
+        }                                                                                          \
         for (; i < a->m; ++i) {                                                                    \
-            if (p->sub == 32)                                                                      \
+            if (sk && p->sub == 32)                                                                \
+                QF(row1k)(PLANES, 1, p, a, i, blk, out + i * ldo, rows);                           \
+            else if (sk)                                                                           \
+                QF(row1k)(PLANES, 2, p, a, i, blk, out + i * ldo, rows);                           \
+            else if (p->sub == 32)                                                                 \
                 QF(row1)(PLANES, 1, p, a, i, blk, out + i * ldo, rows);                            \
             else                                                                                   \
                 QF(row1)(PLANES, 2, p, a, i, blk, out + i * ldo, rows);                            \
@@ -405,8 +425,9 @@ static void QF(blocks)(const plait_qpart_t *p, const qmm_act_t *a, int64_t blk0,
     int64_t i = 0, made = 0;
 #ifdef QMM_AMX
     if (a->xt != NULL) { /* 16 rows or more: plait_qmm_f32 laid them out as tiles */
-        for (int64_t b = 0; b < nblk; ++b)
-            QF(block_scales)(p, a->k, blk0 + b, SZ + 2 * zs * b, SZ + 2 * zs * b + zs);
+        if (p->scale_form != QMM_SK) /* K forms read their integer sub-scales as they go */
+            for (int64_t b = 0; b < nblk; ++b)
+                QF(block_scales)(p, a->k, blk0 + b, SZ + 2 * zs * b, SZ + 2 * zs * b + zs);
         made = 1;
         i = QF(amx_rows)(p, a, blk0, nblk, SZ, D, out, ldo);
     }
@@ -419,7 +440,7 @@ static void QF(blocks)(const plait_qpart_t *p, const qmm_act_t *a, int64_t blk0,
         float *S = SZ + 2 * zs * b * made, *Z = S + zs;
         float *ob = out + 16 * b;
         const int rows = left < 16 ? (int)left : 16;
-        if (!made && a->m >= 4) QF(block_scales)(p, a->k, blk, S, Z);
+        if (!made && a->m >= 4 && p->scale_form != QMM_SK) QF(block_scales)(p, a->k, blk, S, Z);
         switch (p->planes) {
         case QMM_P4: QF(rows_QMM_P4)(p, a, i, blk, S, Z, ob, ldo, rows); break;
         case QMM_P8: QF(rows_QMM_P8)(p, a, i, blk, S, Z, ob, ldo, rows); break;

@@ -3,14 +3,16 @@
  * the packing in quant_pack_cpu.c). Built at first use by plait.kernels._native.
  *
  * Each row of x is quantized once per call per group of 32 into two int8 parts, x / dx = hi +
- * lo / 256 (dx = max|x| / 127: llama.cpp's Q8 activations and a byte more, so that x is held
- * as closely as int16 would; one byte alone moves SmolLM2-135M's logits by up to 1.3 and its
- * greedy answers with them), with the integer sum of every 16. Per block of 16 weight rows and
+ * lo / 256 (dx = max|x| / 127 over the group, or over its super-block of 256 where the weight
+ * has K-quant parts: llama.cpp's Q8 activations and a byte more, so that x is held as closely
+ * as int16 would; one byte alone moves SmolLM2-135M's logits by up to 1.3 and its greedy
+ * answers with them), with the integer sums of every 16. Per block of 16 weight rows and
  * group, the codes are decoded in registers to unsigned bytes and dotted with both parts four
  * at a time per 32-bit lane (vpdpbusd with AVX-512 VNNI; two vpmaddwd without it; plain C),
  * exact in int32 (dot = 256 dot(hi) + dot(lo)); then per row of x, in fp32,
  *     out += (dot - zero * sum(xq)) * (s * dx / 256) + m * sum(xq) * dx / 256
- * for each 16 or 32 values with their scale s and min m. Every output is computed the same way
+ * for each 16 or 32 values with their scale s and min m; K-quant parts sum a super-block in
+ * integers first (qmm_ktile.h). Every output is computed the same way
  * whatever M, the thread count or the part of the split that computes it, so results do not
  * depend on the batch. Entry points per ISA: AVX-512 VNNI, AVX-512BW, AVX2, portable C;
  * plait_qmm_isa() names the best the CPU runs and the caller may ask for a lower one. */
@@ -46,16 +48,20 @@ typedef int32_t i32x16 __attribute__((vector_size(64)));
 typedef float f32x16 __attribute__((vector_size(64)));
 typedef int8_t i8x16 __attribute__((vector_size(16)));
 
-/* x quantized for one call (quantize_row): xq [m, 2k] int8, dx [m, k / 32] and xs [m, k / 16]
- * (the sums of every 16 values as the two bytes hold them, sum(xq) * dx). */
+/* x quantized for one call (quantize_row): xq [m, 2k] int8, dx [m, k / 32], xs [m, k / 16]
+ * (the sums of every 16 values as the two bytes hold them, sum(xq) * dx) and xi [m, k / 16, 2]
+ * (the integer sums of hi and of lo of every 16). */
 typedef struct {
     const int8_t *xq;
     const float *dx, *xs;
+    const int32_t *xi;
     int64_t m, k;
     /* AMX, m >= 16 (tile_rows; else NULL): xq's sixteens of rows as tiles, and per sixteen rows
-     * and group their dx, their sums of 32 (xs1t) and of each 16 (xs2t), 16 floats a piece */
+     * and group their dx, their sums of 32 (xs1t) and of each 16 (xs2t), 16 floats a piece;
+     * xpair: the tiles hold pairs of groups (x with K-quant parts: a TDP takes 64 values) */
     const int8_t *xt;
     const float *dxt, *xs1t, *xs2t;
+    int xpair;
 } qmm_act_t;
 
 PLAIT_INLINE int64_t qmm_group_bytes(int planes) {
@@ -67,28 +73,35 @@ PLAIT_INLINE int64_t qmm_scale_bytes(int form) { return form == QMM_SF32 ? 4 : f
 
 /* ---- activations -> two int8 parts per group of 32 (shared by every ISA) ----------------- */
 
-/* One row, per group of 32: x / dx = hi + lo / 256 with dx = max|x| / 127, hi = round(x / dx)
- * and lo = round(256 * (x / dx - hi)) (clamped to 127), so x is known to within dx / 512 (as
- * well as int16 would hold it) while each part is a byte the VNNI dot takes. xq holds hi then
- * lo per group (64 bytes); dx is stored / 256; xs per 16 is (256 * sum(hi) + sum(lo)) * dx. A
- * group holding inf or nan gets dx = nan, so its outputs are nan. */
-PLAIT_INLINE void quantize_row(const float *x, int64_t k, int8_t *xq, float *dx, float *xs) {
+/* One row, per group of 32: x / dx = hi + lo / 256 with dx = max|x| / 127 over the group's
+ * `span` (32, or the 256 of a K-quant super-block, whose sums then add up in integers),
+ * hi = round(x / dx) and lo = round(256 * (x / dx - hi)) (clamped to 127), so x is known to
+ * within dx / 512 (as well as int16 would hold it) while each part is a byte the VNNI dot
+ * takes. xq holds hi then lo per group (64 bytes); dx is stored / 256; xs per 16 is
+ * (256 * sum(hi) + sum(lo)) * dx and xi per 16 sum(hi), sum(lo). A span holding inf or nan gets
+ * dx = nan, so its outputs are nan. */
+PLAIT_INLINE void quantize_row(const float *x, int64_t k, int64_t span, int8_t *xq, float *dx,
+                               float *xs, int32_t *xi) {
+    float inv = 0.0f, d = 0.0f;
     for (int64_t g = 0; g * 32 < k; ++g) {
         const float *xg = x + g * 32;
-        float amax = 0.0f, sum = 0.0f;
+        if (g * 32 % span == 0) {
+            float amax = 0.0f, sum = 0.0f;
 #pragma omp simd reduction(max : amax) reduction(+ : sum)
-        for (int i = 0; i < 32; ++i) {
-            float a = fabsf(xg[i]);
-            amax = a > amax ? a : amax;
-            sum += xg[i];
+            for (int64_t i = 0; i < span; ++i) {
+                float a = fabsf(xg[i]);
+                amax = a > amax ? a : amax;
+                sum += xg[i];
+            }
+            int finite = amax <= 3.4e38f && sum == sum; /* the max skips nan; the sum does not */
+            inv = finite && amax > 0.0f ? XQ_MAX / amax : 0.0f;
+            d = finite ? amax / (XQ_MAX * 256.0f) : NAN;
         }
-        int finite = amax <= 3.4e38f && sum == sum; /* the max skips nan; the sum does not */
-        float inv = finite && amax > 0.0f ? XQ_MAX / amax : 0.0f;
-        dx[g] = finite ? amax / (XQ_MAX * 256.0f) : NAN;
+        dx[g] = d;
         int8_t *hi = xq + g * 64, *lo = hi + 32;
-        int32_t s[2] = {0, 0};
         for (int h = 0; h < 2; ++h) {
-#pragma omp simd reduction(+ : s)
+            int32_t sh = 0, sl = 0;
+#pragma omp simd reduction(+ : sh, sl)
             for (int i = 16 * h; i < 16 * h + 16; ++i) {
                 float r = xg[i] * inv;
                 int q = (int)(r + (r >= 0.0f ? 0.5f : -0.5f));
@@ -97,26 +110,37 @@ PLAIT_INLINE void quantize_row(const float *x, int64_t k, int8_t *xq, float *dx,
                 l = l > 127 ? 127 : l;
                 hi[i] = (int8_t)q;
                 lo[i] = (int8_t)l;
-                s[h] += 256 * q + l;
+                sh += q;
+                sl += l;
             }
+            xs[2 * g + h] = (float)(256 * sh + sl) * d;
+            xi[4 * g + 2 * h] = sh;
+            xi[4 * g + 2 * h + 1] = sl;
         }
-        xs[2 * g] = (float)s[0] * dx[g];
-        xs[2 * g + 1] = (float)s[1] * dx[g];
     }
 }
 
-/* x's rows in sixteens laid out as the AMX path reads them (a->xt.., from a->xq, dx, xs): per
- * sixteen rows and group of 32, the sixteen rows' 64 bytes (hi, lo) one after another, so
+/* x's rows lo .. hi (lo a multiple of 16) in sixteens laid out as the AMX path reads them
+ * (a->xt.., from a->xq, dx, xs): per sixteen rows and group of 32, the sixteen rows' 64 bytes (hi, lo) one after another, so
  * that a tile is 1 KiB in one piece (rows 2 k bytes apart share a few cache sets and evict
- * each other), and their scales and sums as vectors of 16. */
-static void tile_rows(const qmm_act_t *a, int8_t *xt, float *dxt, float *xs1t, float *xs2t) {
+ * each other), or with `pairs` per pair of groups the rows' 128 bytes (hi of both, lo of
+ * both); and their scales and sums as vectors of 16. */
+static void tile_rows(const qmm_act_t *a, int pairs, int64_t lo, int64_t hi, int8_t *xt,
+                      float *dxt, float *xs1t, float *xs2t) {
     const int64_t gc = a->k / 32;
-    for (int64_t i0 = 0; i0 + 16 <= a->m; i0 += 16)
+    for (int64_t i0 = lo; i0 + 16 <= hi; i0 += 16)
         for (int64_t g = 0; g < gc; ++g)
             for (int64_t r = 0; r < 16; ++r) {
                 const int64_t at = (i0 / 16 * gc + g) * 16 + r, i = i0 + r;
                 const float *xs = a->xs + i * 2 * gc + 2 * g;
-                memcpy(xt + at * 64, a->xq + i * 2 * a->k + 64 * g, 64);
+                const int8_t *src = a->xq + i * 2 * a->k + 64 * g;
+                if (pairs) {
+                    int8_t *row = xt + (i0 / 16 * gc + (g & ~(int64_t)1)) * 1024 + 128 * r;
+                    memcpy(row + 32 * (g & 1), src, 32);
+                    memcpy(row + 64 + 32 * (g & 1), src + 32, 32);
+                } else {
+                    memcpy(xt + at * 64, src, 64);
+                }
                 dxt[at] = a->dx[i * gc + g];
                 xs1t[at] = xs[0] + xs[1];
                 xs2t[at + 16 * (at / 16)] = xs[0];
@@ -368,12 +392,15 @@ typedef struct {
 } job_t;
 
 /* Blocks are run this many bytes of scratch at a time (their scales as floats, 8 k bytes a
- * block, and on AMX their decoded codes, 16 k): a chunk stays in the core's cache while every
- * row of x passes over it. */
+ * block, and on AMX their decoded codes, 16 k, or for a K form 32 k, the two bytes of its
+ * codes times their sub-scales, with its sums in the scales' place): a chunk stays in the
+ * core's cache while every row of x passes over it. */
 #define CHUNK_BYTES (1 << 20)
 
-PLAIT_INLINE int64_t chunk_blocks(int64_t k) {
-    int64_t n = CHUNK_BYTES / (24 * k);
+PLAIT_INLINE int64_t block_bytes(int64_t k, int sk) { return (sk ? 40 : 24) * k; }
+
+PLAIT_INLINE int64_t chunk_blocks(int64_t k, int sk) {
+    int64_t n = CHUNK_BYTES / block_bytes(k, sk);
     return n < 1 ? 1 : n;
 }
 
@@ -382,10 +409,14 @@ PLAIT_INLINE int64_t chunk_blocks(int64_t k) {
  * weight part. */
 static void run_part(void *ctx, int part, int parts) {
     const job_t *j = ctx;
-    int64_t total = j->first[j->w->nparts], k = j->act.k, most = chunk_blocks(k);
-    int64_t b0 = total * part / parts, b1 = total * (part + 1) / parts, m = j->act.m;
-    int64_t ldo = j->w->n, p = 0;
-    char *buf = scratch(1, (size_t)(24 * k * most));
+    int64_t total = j->first[j->w->nparts], k = j->act.k, m = j->act.m;
+    int64_t b0 = total * part / parts, b1 = total * (part + 1) / parts;
+    int64_t ldo = j->w->n, p = 0, bytes = 0;
+    for (int sk = 0; sk < 2; ++sk) {
+        const int64_t most = chunk_blocks(k, sk) * block_bytes(k, sk);
+        bytes = most > bytes ? most : bytes;
+    }
+    char *buf = scratch(1, (size_t)bytes);
     if (buf == NULL) { /* out of memory: the outputs become nan, the caller checks */
         for (int64_t i = 0; i < m; ++i)
             for (int64_t c = 0; c < ldo; ++c) j->out[i * ldo + c] = NAN;
@@ -394,6 +425,7 @@ static void run_part(void *ctx, int part, int parts) {
     for (int64_t b = b0; b < b1;) {
         while (b >= j->first[p + 1]) ++p;
         const plait_qpart_t *q = &j->w->part[p];
+        const int64_t most = chunk_blocks(k, q->scale_form == QMM_SK);
         int64_t end = b1 < j->first[p + 1] ? b1 : j->first[p + 1];
         int64_t nblk = end - b < most ? end - b : most, blk = b - j->first[p];
         int64_t r0 = j->row0[p] + blk * BLOCK_ROWS, left = q->n - blk * BLOCK_ROWS;
@@ -405,6 +437,28 @@ static void run_part(void *ctx, int part, int parts) {
         for (int64_t i = 0; i < m; ++i)
             for (int64_t c = 0; c < cols; ++c) ob[i * ldo + c] += j->bias[r0 + c];
     }
+}
+
+/* x quantized for one call (the buffers of act, writable), and laid out as tiles where xt is
+ * not NULL: its rows are split over the pool in sixteens. */
+typedef struct {
+    const float *x;
+    int64_t ldx, span;
+    qmm_act_t act;
+    int8_t *xq, *xt;
+    float *dx, *xs, *dxt, *xs1t, *xs2t;
+    int32_t *xi;
+} xjob_t;
+
+PLAIT_CLONES static void quantize_part(void *ctx, int part, int parts) {
+    const xjob_t *j = ctx;
+    const int64_t m = j->act.m, k = j->act.k, gc = k / 32, units = (m + 15) / 16;
+    const int64_t r0 = 16 * (units * part / parts), end = 16 * (units * (part + 1) / parts);
+    const int64_t r1 = end < m ? end : m;
+    for (int64_t i = r0; i < r1; ++i)
+        quantize_row(j->x + i * j->ldx, k, j->span, j->xq + 2 * i * k, j->dx + i * gc,
+                     j->xs + i * 2 * gc, j->xi + i * 4 * gc);
+    if (j->xt != NULL) tile_rows(&j->act, j->span == 256, r0, r1, j->xt, j->dxt, j->xs1t, j->xs2t);
 }
 
 /* A part should hold at least this many row blocks x K x rows of x (some microseconds); there
@@ -421,6 +475,7 @@ static int check_weight(const plait_weight_t *w) {
             q->scale_form > QMM_SK || (q->sub != 16 && q->sub != 32) || q->n <= 0)
             return 0;
         if (q->scale_form == QMM_SK && (w->k % 256 || q->d == NULL)) return 0;
+        if (q->scale_form == QMM_SK && q->mins != NULL && q->dmin == NULL) return 0;
         n += q->n;
     }
     return n == w->n;
@@ -433,21 +488,30 @@ static int check_weight(const plait_weight_t *w) {
 int plait_qmm_f32(int isa, int threads, plait_pool_fn pool, const float *x, int64_t ldx,
                   int64_t m, const plait_weight_t *w, const float *bias, float *out) {
     if (!check_weight(w)) return -3;
-    int64_t k = w->k, gc = k / 32;
+    int64_t k = w->k, gc = k / 32, span = 32;
+    for (int64_t p = 0; p < w->nparts; ++p)
+        if (w->part[p].scale_form == QMM_SK) span = 256; /* one dx per super-block */
     size_t xq_bytes = ((size_t)(2 * m * k) + 63) & ~(size_t)63;
     const int tiled = isa >= ISA_AMX && m >= 16;
-    char *buf = scratch(0, (tiled ? 2 : 1) * xq_bytes + sizeof(float) * (size_t)((tiled ? 7 : 3) * m * gc));
+    size_t floats = (size_t)((tiled ? 7 : 3) * m * gc), ints = (size_t)(4 * m * gc);
+    char *buf = scratch(0, (tiled ? 2 : 1) * xq_bytes + sizeof(float) * (floats + ints));
     if (buf == NULL) return -1;
-    int8_t *xq = (int8_t *)buf;
-    float *dx = (float *)(buf + xq_bytes), *xs = dx + m * gc;
-    for (int64_t i = 0; i < m; ++i)
-        quantize_row(x + i * ldx, k, xq + 2 * i * k, dx + i * gc, xs + i * 2 * gc);
-    job_t job = {pick(isa), w, {xq, dx, xs, m, k, NULL, NULL, NULL, NULL}, bias, out, {0}, {0}};
+    xjob_t xj = {x, ldx, span, {0}, (int8_t *)buf, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    xj.dx = (float *)(buf + xq_bytes), xj.xs = xj.dx + m * gc, xj.xi = (int32_t *)(xj.xs + 2 * m * gc);
+    xj.act = (qmm_act_t){xj.xq, xj.dx, xj.xs, xj.xi, m, k, NULL, NULL, NULL, NULL, 0};
     if (tiled) {
-        float *dxt = xs + 2 * m * gc, *xs1t = dxt + m * gc, *xs2t = xs1t + m * gc;
-        int8_t *xt = (int8_t *)(xs2t + 2 * m * gc);
-        tile_rows(&job.act, xt, dxt, xs1t, xs2t);
-        job.act.xt = xt, job.act.dxt = dxt, job.act.xs1t = xs1t, job.act.xs2t = xs2t;
+        xj.dxt = (float *)(xj.xi + 4 * m * gc), xj.xs1t = xj.dxt + m * gc;
+        xj.xs2t = xj.xs1t + m * gc, xj.xt = (int8_t *)(xj.xs2t + 2 * m * gc);
+    }
+    const int units = (int)((m + 15) / 16), helpers = units < threads ? units : threads;
+    if (pool != NULL && helpers > 1)
+        pool(quantize_part, &xj, helpers, helpers);
+    else
+        quantize_part(&xj, 0, 1);
+    job_t job = {pick(isa), w, xj.act, bias, out, {0}, {0}};
+    if (tiled) {
+        job.act.xt = xj.xt, job.act.dxt = xj.dxt, job.act.xs1t = xj.xs1t, job.act.xs2t = xj.xs2t;
+        job.act.xpair = span == 256;
     }
     for (int64_t p = 0; p < w->nparts; ++p) {
         job.first[p + 1] = job.first[p] + (w->part[p].n + BLOCK_ROWS - 1) / BLOCK_ROWS;

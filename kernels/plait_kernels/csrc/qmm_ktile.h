@@ -1,0 +1,284 @@
+/* The quantized matmul's inner loops for the K forms (QMM_SK: Q2_K .. Q6_K, IQ4_XS), included
+ * by qmm_tile.h once per instruction set with its QF, QMM_DP, QMM_CVTPH and QMM_CVTI8 (and
+ * QMM_AMX for the tile path). The layout of the codes is qmm_tile.h's. */
+/* ---- K forms (SK): a super-block's sums in integers --------------------------------------
+ * x shares one dx per 256 values (quantize_row's span), so within a super-block the integer
+ * sub-scales fold into the sums: th = sum_j sc_j sum_{k in j} hi_k (code_k - zero) and tl the
+ * same of lo (exact in int32: |hi| <= 127, |lo| <= 128, |sc (code - zero)| <= 4096, 256
+ * values).
+ * Every path (one row, four, the AMX tiles) gets the same integers however it sums them, and
+ * adds a super-block to tot through sk_add, so a row gets the same bits on any path. */
+
+/* 16 int8 -> 16 int32 lanes. */
+PLAIT_INLINE i32x16 QF(load_i8)(const int8_t *p) {
+    i8x16 b;
+    memcpy(&b, p, sizeof b);
+    return __builtin_convertvector(b, i32x16);
+}
+
+/* Super-block u (of `supers` per row) of block blk's float scales: d, and with mins each run's
+ * -(dmin * mn) in zv[0 .. 8 * subs). */
+PLAIT_INLINE void QF(sk_scales)(const plait_qpart_t *p, int64_t blk, int64_t u, int64_t supers,
+                                int subs, f32x16 *d, f32x16 *zv) {
+    const int64_t at = (blk * supers + u) * 16;
+    *d = QMM_CVTPH(p->d + at);
+    if (p->mins == NULL) return;
+    const f32x16 dm = QMM_CVTPH(p->dmin + at);
+    const int8_t *mn = (const int8_t *)p->mins + (blk * supers + u) * 128 * subs;
+    for (int j = 0; j < 8 * subs; ++j) zv[j] = -(dm * QMM_CVTI8(mn + 16 * j));
+}
+
+/* One row of x's sums th, tl of a super-block (its scales from sk_scales) added to tot in fp32,
+ * (256 th + tl) * (d dx), then the mins' zv[j] * sum(x) of each of `runs` runs (0 without
+ * mins) in order, sum(x) of run j being xs[j * stride] (or with `pair` xs[2 j stride] +
+ * xs[(2 j + 1) stride], sums of 16). */
+PLAIT_INLINE f32x16 QF(sk_add)(f32x16 tot, i32x16 th, i32x16 tl, f32x16 d, float dx, int runs,
+                               const f32x16 *zv, const float *xs, int64_t stride, int pair) {
+    f32x16 f = __builtin_convertvector(th, f32x16) * 256.0f + __builtin_convertvector(tl, f32x16);
+    tot += f * (d * dx);
+    for (int j = 0; j < runs; ++j) {
+        float sx = pair ? xs[2 * j * stride] + xs[(2 * j + 1) * stride] : xs[j * stride];
+        tot += zv[j] * sx;
+    }
+    return tot;
+}
+
+/* One sub-block's dots (h, l: x's hi and lo against the codes) of one row of x into th, tl:
+ * sh, sl are that row's sums of hi and lo over the sub-block, sc the 16 rows' sub-scales. */
+PLAIT_INLINE void QF(sk_sub)(i32x16 h, i32x16 l, int32_t sh, int32_t sl, int32_t zero,
+                             const int8_t *sc, i32x16 *th, i32x16 *tl) {
+    const i32x16 s = QF(load_i8)(sc);
+    *th += s * (h - zero * sh);
+    *tl += s * (l - zero * sl);
+}
+
+/* One row of x (row i0) against one block of a K form: row1's dots, summed per super-block in
+ * integers (sk_sub) and added to the output once per super-block (sk_add). */
+PLAIT_INLINE void QF(row1k)(const int planes, const int SUBS, const plait_qpart_t *p,
+                            const qmm_act_t *a, int64_t i0, int64_t blk, float *out, int rows) {
+    const int64_t gc = a->k / 32, gbytes = qmm_group_bytes(planes), runs = gc * SUBS;
+    const uint8_t *codes = p->codes + blk * gc * gbytes;
+    const int8_t *x = a->xq + i0 * 2 * a->k;
+    const int8_t *sc = (const int8_t *)p->scales + blk * runs * 16;
+    const int8_t *mn = p->mins ? (const int8_t *)p->mins + blk * runs * 16 : NULL;
+    const float *dx = a->dx + i0 * gc;
+    const int32_t *xi = a->xi + i0 * 4 * gc;
+    const float *xs = a->xs + i0 * 2 * gc;
+    f32x16 tot = {0};
+    i32x16 th = {0}, tl = {0};
+    for (int64_t g = 0; g < gc; ++g) {
+        const uint8_t *cp = codes + g * gbytes;
+        for (int64_t line = 0; line < gbytes; line += 64) __builtin_prefetch(cp + PF_DIST_ROW + line, 0, 3);
+        u8x64 V[8];
+        QF(decode)(planes, cp, V);
+        i32x16 h[2] = {{0}}, l[2] = {{0}};
+#pragma GCC unroll 8
+        for (int t = 0; t < 8; ++t) {
+            int32_t hi, lo;
+            memcpy(&hi, x + 64 * g + 4 * t, sizeof hi);
+            memcpy(&lo, x + 64 * g + 32 + 4 * t, sizeof lo);
+            h[t / 4] = QMM_DP(h[t / 4], V[t], (i8x64)((i32x16){} + hi));
+            l[t / 4] = QMM_DP(l[t / 4], V[t], (i8x64)((i32x16){} + lo));
+        }
+        const int32_t *s = xi + 4 * g; /* sum(hi), sum(lo) of each 16 */
+        if (SUBS == 1)
+            QF(sk_sub)(h[0] + h[1], l[0] + l[1], s[0] + s[2], s[1] + s[3], p->zero, sc + 16 * g,
+                       &th, &tl);
+        else
+            for (int j = 0; j < 2; ++j)
+                QF(sk_sub)(h[j], l[j], s[2 * j], s[2 * j + 1], p->zero, sc + 16 * (2 * g + j),
+                           &th, &tl);
+        if ((g & 7) == 7) {
+            const int64_t u = g >> 3;
+            f32x16 d, zv[16];
+            QF(sk_scales)(p, blk, u, gc / 8, SUBS, &d, zv);
+            tot = QF(sk_add)(tot, th, tl, d, dx[g], mn ? 8 * SUBS : 0, zv, xs + 16 * u, 1, SUBS == 1);
+            th = tl = (i32x16){0};
+        }
+    }
+    memcpy(out, &tot, sizeof(float) * (size_t)rows);
+}
+
+/* Four rows of x (from i0) against one block of a K form: tile4's dots, summed as row1k's. */
+PLAIT_INLINE void QF(tile4k)(const int planes, const plait_qpart_t *p, const qmm_act_t *a,
+                             int64_t i0, int64_t blk, float *out, int64_t ldo, int rows) {
+    const int64_t gc = a->k / 32, gbytes = qmm_group_bytes(planes);
+    const int subs = p->sub == 16 ? 2 : 1;
+    const uint8_t *codes = p->codes + blk * gc * gbytes;
+    const int8_t *sc = (const int8_t *)p->scales + blk * gc * subs * 16;
+    const int8_t *mn = p->mins ? (const int8_t *)p->mins + blk * gc * subs * 16 : NULL;
+    f32x16 tot[4] = {{0}};
+    i32x16 th[4] = {{0}}, tl[4] = {{0}};
+    for (int64_t g = 0; g < gc; ++g) {
+        const uint8_t *cp = codes + g * gbytes;
+        for (int64_t line = 0; line < gbytes; line += 64) __builtin_prefetch(cp + PF_DIST + line, 0, 3);
+        u8x64 V[8];
+        QF(decode)(planes, cp, V);
+        for (int i = 0; i < 4; ++i) {
+            const int8_t *xg = a->xq + (i0 + i) * 2 * a->k + 64 * g; /* hi, then lo */
+            const int32_t *s = a->xi + (i0 + i) * 4 * gc + 4 * g;
+            i32x16 h[2] = {{0}}, l[2] = {{0}};
+#pragma GCC unroll 8
+            for (int t = 0; t < 8; ++t) {
+                int32_t hi, lo;
+                memcpy(&hi, xg + 4 * t, sizeof hi);
+                memcpy(&lo, xg + 32 + 4 * t, sizeof lo);
+                h[t / 4] = QMM_DP(h[t / 4], V[t], (i8x64)((i32x16){} + hi));
+                l[t / 4] = QMM_DP(l[t / 4], V[t], (i8x64)((i32x16){} + lo));
+            }
+            if (subs == 1)
+                QF(sk_sub)(h[0] + h[1], l[0] + l[1], s[0] + s[2], s[1] + s[3], p->zero,
+                           sc + 16 * g, &th[i], &tl[i]);
+            else
+                for (int j = 0; j < 2; ++j)
+                    QF(sk_sub)(h[j], l[j], s[2 * j], s[2 * j + 1], p->zero, sc + 16 * (2 * g + j),
+                               &th[i], &tl[i]);
+        }
+        if ((g & 7) == 7) {
+            const int64_t u = g >> 3;
+            f32x16 d, zv[16];
+            QF(sk_scales)(p, blk, u, gc / 8, subs, &d, zv);
+            for (int i = 0; i < 4; ++i) {
+                tot[i] = QF(sk_add)(tot[i], th[i], tl[i], d, a->dx[(i0 + i) * gc + g],
+                                    mn ? 8 * subs : 0, zv, a->xs + (i0 + i) * 2 * gc + 16 * u, 1,
+                                    subs == 1);
+                th[i] = tl[i] = (i32x16){0};
+            }
+        }
+    }
+    for (int i = 0; i < 4; ++i) memcpy(out + i * ldo, &tot[i], sizeof(float) * (size_t)rows);
+}
+
+#ifdef QMM_AMX
+/* One group of a K form decoded for the tiles: P = sc (code - zero) per weight row and value
+ * (|P| <= 4096), its low bytes (unsigned) at lo_out and high bytes (signed) at hi_out, 512
+ * bytes each laid out as V[t]; sc0, sc1 the sub-scales of the group's first and
+ * second 16 values (the same run when sub = 32). Fenced as decode_group. */
+PLAIT_INLINE void QF(decode_group_k)(const int planes, const uint8_t *cp, const int8_t *sc0,
+                                     const int8_t *sc1, int32_t zero, uint8_t *lo_out,
+                                     uint8_t *hi_out) {
+    u8x64 V[8], lo[8], hi[8];
+    QF(decode)(planes, cp, V);
+    const i32x16 s0 = QF(load_i8)(sc0), s1 = QF(load_i8)(sc1);
+    const i16x32 w[2] = {(i16x32)((s0 & 0xffff) | (s0 * 65536)), (i16x32)((s1 & 0xffff) | (s1 * 65536))};
+    for (int t = 0; t < 8; ++t) {
+        const u16x32 v = (u16x32)V[t];
+        const u16x32 pe = (u16x32)(((i16x32)(v & 0xff) - (int16_t)zero) * w[t / 4]);
+        const u16x32 po = (u16x32)(((i16x32)(v >> 8) - (int16_t)zero) * w[t / 4]);
+        lo[t] = (u8x64)((pe & 0xff) | (po << 8));
+        hi[t] = (u8x64)((pe >> 8) | (po & 0xff00));
+    }
+    __asm__ volatile("" : : : "memory");
+    memcpy(lo_out, lo, sizeof lo);
+    memcpy(hi_out, hi, sizeof hi);
+    __asm__ volatile("" : : : "memory");
+}
+
+/* Group g of block blk of a K form decoded for the tiles into the 2 KiB of its pair of groups
+ * at `pair` (the pair's low bytes, 16 tile rows, then its high bytes), its codes prefetched
+ * ahead. */
+PLAIT_INLINE void QF(k_group)(const plait_qpart_t *p, int64_t k, int64_t blk, int64_t g,
+                              uint8_t *pair) {
+    const int64_t gc = k / 32, gbytes = qmm_group_bytes(p->planes), subs = p->sub == 16 ? 2 : 1;
+    const uint8_t *cp = p->codes + (blk * gc + g) * gbytes;
+    const int8_t *sc = (const int8_t *)p->scales + (blk * gc + g) * subs * 16;
+    for (int64_t line = 0; line < gbytes; line += 64) __builtin_prefetch(cp + PF_DIST + line, 0, 3);
+    QF(decode_group_k)(p->planes, cp, sc, sc + 16 * (subs - 1), p->zero, pair + 512 * (g & 1),
+                       pair + 1024 + 512 * (g & 1));
+}
+
+/* Every group of block `blk` of a K form decoded once for all the rows of x: D[2048 q ..] for
+ * the pair of groups q. */
+static void QF(decode_block_k)(const plait_qpart_t *p, int64_t k, int64_t blk, uint8_t *D) {
+    for (int64_t g = 0; g < k / 32; ++g) QF(k_group)(p, k, blk, g, D + 1024 * (g & ~(int64_t)1));
+}
+
+/* Rows lo .. hi of the sixteen rows of x from i0: super-block u's four stored tiles (acc: 0, 1
+ * hi x the low and high bytes of P, 2, 3 lo x the same) added to their sums in T through
+ * sk_add, with the super-block's scales d, zv (sk_scales; `runs` of mins, 0 without). */
+PLAIT_INLINE void QF(amx_sk_rows)(const qmm_act_t *a, int64_t i0, int64_t u, int subs, int runs,
+                                  f32x16 d, const f32x16 *zv, const int32_t *acc, float *T,
+                                  int lo, int hi) {
+    const int64_t first = i0 / 16 * (a->k / 32) + 8 * u;
+    const float *dx = a->dxt + 16 * first;
+    const float *xs = subs == 1 ? a->xs1t + 16 * first : a->xs2t + 32 * first;
+    for (int i = lo; i < hi; ++i) {
+        i32x16 v[4];
+        f32x16 tot;
+        for (int t = 0; t < 4; ++t) memcpy(&v[t], acc + 256 * t + 16 * i, sizeof v[t]);
+        memcpy(&tot, T + 16 * i, sizeof tot);
+        tot = QF(sk_add)(tot, v[0] + v[1] * 256, v[2] + v[3] * 256, d, dx[i], runs, zv, xs + i,
+                         16, 0);
+        memcpy(T + 16 * i, &tot, sizeof tot);
+    }
+}
+
+/* Sixteen rows of x (from i0) against blocks blk0 .. blk0 + nblk of a K form: per super-block
+ * (its 16 rows' x, 8 KiB, stays in L1 while every block takes it), per block, four TDPs per
+ * pair of groups (x's hi and lo bytes of 64 values, laid out in pairs by tile_rows, against
+ * P's low and high bytes) sum the super-block in tiles 0-3. They are stored once per
+ * super-block and block and added to that block's sums in T (256 floats a block) while the
+ * next one's first pair multiplies. The pairs come decoded in D (decode_block_k, 32 k bytes a
+ * block) or, with `ring`, are decoded here into a ring of two a pair ahead of their use, so
+ * the stores land well before the tile loads. */
+static void QF(amx16k)(uint8_t *D, const qmm_act_t *a, int64_t i0, const plait_qpart_t *p,
+                       int64_t blk0, int64_t nblk, int ring, float *T, float *out, int64_t ldo) {
+    const int64_t k = a->k, supers = k / 256, pairs = k / 64;
+    const int subs = p->sub == 16 ? 2 : 1, runs = p->mins ? 8 * subs : 0;
+    const int8_t *x0 = a->xt + i0 * 2 * k;
+    int32_t acc[2][1024] __attribute__((aligned(64)));
+    f32x16 d = {0}, zv[16];
+    int64_t n = 0, prev = -1, pu = 0; /* n: super-block x block runs so far */
+    memset(T, 0, sizeof(float) * 256 * (size_t)nblk);
+    if (ring) {
+        QF(k_group)(p, k, blk0, 0, D);
+        QF(k_group)(p, k, blk0, 1, D);
+    }
+    for (int64_t u = 0; u < supers; ++u)
+        for (int64_t b = 0; b < nblk; ++b, ++n) {
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            for (int64_t q = 4 * u; q < 4 * u + 4; ++q) {
+                const uint8_t *B = D + 32 * k * b + 2048 * q;
+                if (ring) { /* decode the next pair (of this block, the next, or the first) */
+                    const int64_t nb = q % 4 < 3 ? b : b + 1 < nblk ? b + 1 : 0;
+                    const int64_t nq = q % 4 < 3 ? q + 1 : b + 1 < nblk ? 4 * u : q + 1;
+                    uint8_t *slot = D + 2048 * ((q + 1) & 1);
+                    B = D + 2048 * (q & 1);
+                    if (nq < pairs) {
+                        QF(k_group)(p, k, blk0 + nb, 2 * nq, slot);
+                        QF(k_group)(p, k, blk0 + nb, 2 * nq + 1, slot);
+                    }
+                }
+                const int8_t *xq = x0 + 2048 * q;
+                _tile_loadd(6, B, 64);
+                _tile_loadd(7, B + 1024, 64);
+                _tile_loadd(4, xq, 128);
+                _tile_loadd(5, xq + 64, 128);
+                _tile_dpbsud(0, 4, 6);
+                _tile_dpbssd(1, 4, 7);
+                _tile_dpbsud(2, 5, 6);
+                _tile_dpbssd(3, 5, 7);
+                if (prev >= 0) /* the last run's rows, a quarter after each pair's multiplies */
+                    QF(amx_sk_rows)(a, i0, pu, subs, runs, d, zv, acc[(n - 1) & 1],
+                                    T + 256 * prev, 4 * (int)(q % 4), 4 * (int)(q % 4) + 4);
+            }
+            int32_t *st = acc[n & 1];
+            _tile_stored(0, st, 64);
+            _tile_stored(1, st + 256, 64);
+            _tile_stored(2, st + 512, 64);
+            _tile_stored(3, st + 768, 64);
+            QF(sk_scales)(p, blk0 + b, u, supers, subs, &d, zv);
+            prev = b, pu = u;
+        }
+    QF(amx_sk_rows)(a, i0, pu, subs, runs, d, zv, acc[(n - 1) & 1], T + 256 * prev, 0, 16);
+    for (int64_t b = 0; b < nblk; ++b) {
+        const int64_t left = p->n - (blk0 + b) * 16;
+        const size_t rows = (size_t)(left < 16 ? left : 16);
+        for (int i = 0; i < 16; ++i)
+            memcpy(out + i * ldo + 16 * b, T + 256 * b + 16 * i, sizeof(float) * rows);
+    }
+}
+#endif
