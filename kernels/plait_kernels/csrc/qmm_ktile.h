@@ -96,7 +96,7 @@ PLAIT_INLINE void QF(row1k)(const int planes, const int SUBS, const plait_qpart_
             th = tl = (i32x16){0};
         }
     }
-    memcpy(out, &tot, sizeof(float) * (size_t)rows);
+    store_row(out, &tot, rows);
 }
 
 /* Four rows of x (from i0) against one block of a K form: tile4's dots, summed as row1k's. */
@@ -146,7 +146,7 @@ PLAIT_INLINE void QF(tile4k)(const int planes, const plait_qpart_t *p, const qmm
             }
         }
     }
-    for (int i = 0; i < 4; ++i) memcpy(out + i * ldo, &tot[i], sizeof(float) * (size_t)rows);
+    for (int i = 0; i < 4; ++i) store_row(out + i * ldo, &tot[i], rows);
 }
 
 #ifdef QMM_AMX
@@ -276,9 +276,9 @@ static void QF(amx16k)(uint8_t *D, const qmm_act_t *a, int64_t i0, const plait_q
     QF(amx_sk_rows)(a, i0, pu, subs, runs, d, zv, acc[(n - 1) & 1], T + 256 * prev, 0, 16);
     for (int64_t b = 0; b < nblk; ++b) {
         const int64_t left = p->n - (blk0 + b) * 16;
-        const size_t rows = (size_t)(left < 16 ? left : 16);
-        for (int i = 0; i < 16; ++i)
-            memcpy(out + i * ldo + 16 * b, T + 256 * b + 16 * i, sizeof(float) * rows);
+        const int rows = left < 16 ? (int)left : 16;
+        for (int i = 0; i < 16 && i0 + i < a->m; ++i)
+            store_row(out + i * ldo + 16 * b, T + 256 * b + 16 * i, rows);
     }
 }
 #endif

@@ -163,7 +163,7 @@ PLAIT_INLINE void QF(tile4)(const int planes, const plait_qpart_t *p, const qmm_
             }
         }
     }
-    for (int i = 0; i < 4; ++i) memcpy(out + i * ldo, &tot[i], sizeof(float) * (size_t)rows);
+    for (int i = 0; i < 4; ++i) store_row(out + i * ldo, &tot[i], rows);
 }
 
 /* One row of x (row i0) against one block (a step of one to three rows, and the last one to
@@ -203,7 +203,7 @@ PLAIT_INLINE void QF(row1)(const int planes, const int SUBS, const plait_qpart_t
             tot += zv * (SUBS == 1 ? xs[2 * g] + xs[2 * g + 1] : xs[2 * g + j]);
         }
     }
-    memcpy(out, &tot, sizeof(float) * (size_t)rows);
+    store_row(out, &tot, rows);
 }
 
 #include "qmm_ktile.h"
@@ -336,14 +336,15 @@ PLAIT_INLINE void QF(amx16)(uint8_t *D, const int subs, const qmm_act_t *a, int6
         if (st >= 2) /* scale step st - 2, stored a step ago */
             QF(amx_scale)(subs, a, i0, st - 2, S, Z, chi[st & 1], clo[st & 1], tot);
     }
-    for (int i = 0; i < 16; ++i) memcpy(out + i * ldo, &tot[i], sizeof(float) * (size_t)rows);
+    for (int i = 0; i < 16 && i0 + i < a->m; ++i) store_row(out + i * ldo, &tot[i], rows);
 }
 #undef QMM_AMX_DOT
 
 /* The rows of x in sixteens against `nblk` blocks. With two sixteens or more, each block's
  * codes are decoded once (into D, 16 k bytes a block), then per sixteen rows of x every block,
  * so that the sixteen rows stay in cache while the blocks' codes and scales do too; a single
- * sixteen decodes each group as it goes (amx16). Returns the rows done. */
+ * sixteen decodes each group as it goes (amx16). Returns the rows done: all of them, the last
+ * sixteen filled out with zero rows. */
 static int64_t QF(amx_rows)(const plait_qpart_t *p, const qmm_act_t *a, int64_t blk0,
                             int64_t nblk, float *SZ, uint8_t *D, float *out, int64_t ldo) {
     const int64_t k = a->k, zs = 2 * (k / 32) * 16;
@@ -358,7 +359,7 @@ static int64_t QF(amx_rows)(const plait_qpart_t *p, const qmm_act_t *a, int64_t 
         }
     QF(amx_config)(sk ? 64 : p->sub); /* a K form's steps are pairs of groups */
     int64_t i = 0;
-    for (; i + 16 <= a->m; i += 16) {
+    for (; i < a->m; i += 16) { /* the last sixteen may be short: its rows past m are zeros */
         if (sk) QF(amx16k)(D, a, i, p, blk0, nblk, !once, SZ, out + i * ldo, ldo);
         for (int64_t b = 0; b < nblk && !sk; ++b) {
             const int64_t left = p->n - (blk0 + b) * 16;
@@ -434,7 +435,7 @@ static void QF(blocks)(const plait_qpart_t *p, const qmm_act_t *a, int64_t blk0,
 #else
     (void)D;
 #endif
-    if (i == a->m) return;
+    if (i >= a->m) return;
     for (int64_t b = 0; b < nblk; ++b) {
         const int64_t blk = blk0 + b, left = p->n - blk * 16;
         float *S = SZ + 2 * zs * b * made, *Z = S + zs;

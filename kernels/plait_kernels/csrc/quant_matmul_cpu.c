@@ -56,7 +56,8 @@ typedef struct {
     const float *dx, *xs;
     const int32_t *xi;
     int64_t m, k;
-    /* AMX, m >= 16 (tile_rows; else NULL): xq's sixteens of rows as tiles, and per sixteen rows
+    /* AMX, m >= 16 (tile_rows; else NULL): xq's sixteens of rows as tiles (the last filled out
+     * with zero rows), and per sixteen rows
      * and group their dx, their sums of 32 (xs1t) and of each 16 (xs2t), 16 floats a piece;
      * xpair: the tiles hold pairs of groups (x with K-quant parts: a TDP takes 64 values) */
     const int8_t *xt;
@@ -120,7 +121,8 @@ PLAIT_INLINE void quantize_row(const float *x, int64_t k, int64_t span, int8_t *
     }
 }
 
-/* x's rows lo .. hi (lo a multiple of 16) in sixteens laid out as the AMX path reads them
+/* x's rows lo .. hi (lo a multiple of 16) in sixteens laid out as the AMX path reads them, the
+ * last sixteen filled out with zeros
  * (a->xt.., from a->xq, dx, xs): per sixteen rows and group of 32, the sixteen rows' 64 bytes (hi, lo) one after another, so
  * that a tile is 1 KiB in one piece (rows 2 k bytes apart share a few cache sets and evict
  * each other), or with `pairs` per pair of groups the rows' 128 bytes (hi of both, lo of
@@ -128,12 +130,15 @@ PLAIT_INLINE void quantize_row(const float *x, int64_t k, int64_t span, int8_t *
 static void tile_rows(const qmm_act_t *a, int pairs, int64_t lo, int64_t hi, int8_t *xt,
                       float *dxt, float *xs1t, float *xs2t) {
     const int64_t gc = a->k / 32;
-    for (int64_t i0 = lo; i0 + 16 <= hi; i0 += 16)
+    static const int8_t none[64] = {0};
+    static const float no_sums[2] = {0.0f, 0.0f};
+    for (int64_t i0 = lo; i0 < hi; i0 += 16) /* a last sixteen short of rows: zeros past m */
         for (int64_t g = 0; g < gc; ++g)
             for (int64_t r = 0; r < 16; ++r) {
                 const int64_t at = (i0 / 16 * gc + g) * 16 + r, i = i0 + r;
-                const float *xs = a->xs + i * 2 * gc + 2 * g;
-                const int8_t *src = a->xq + i * 2 * a->k + 64 * g;
+                const int past = i >= a->m;
+                const float *xs = past ? no_sums : a->xs + i * 2 * gc + 2 * g;
+                const int8_t *src = past ? none : a->xq + i * 2 * a->k + 64 * g;
                 if (pairs) {
                     int8_t *row = xt + (i0 / 16 * gc + (g & ~(int64_t)1)) * 1024 + 128 * r;
                     memcpy(row + 32 * (g & 1), src, 32);
@@ -141,11 +146,21 @@ static void tile_rows(const qmm_act_t *a, int pairs, int64_t lo, int64_t hi, int
                 } else {
                     memcpy(xt + at * 64, src, 64);
                 }
-                dxt[at] = a->dx[i * gc + g];
+                dxt[at] = past ? 0.0f : a->dx[i * gc + g];
                 xs1t[at] = xs[0] + xs[1];
                 xs2t[at + 16 * (at / 16)] = xs[0];
                 xs2t[at + 16 * (at / 16) + 16] = xs[1];
             }
+}
+
+/* One row of x's outputs of a block: its 16 floats from src, or the first `rows` of them (a
+ * part's last block). The constant size of a whole block's lets the compiler store a vector
+ * where a call to memcpy would cost as much as summing a short row. */
+PLAIT_INLINE void store_row(float *out, const void *src, int rows) {
+    if (rows == 16)
+        memcpy(out, src, 16 * sizeof(float));
+    else
+        memcpy(out, src, sizeof(float) * (size_t)rows);
 }
 
 /* The IQ4_NL codebook (ggml's kvalues_iq4nl) + 128, as the codes the kernels dot. */
@@ -491,17 +506,18 @@ int plait_qmm_f32(int isa, int threads, plait_pool_fn pool, const float *x, int6
     int64_t k = w->k, gc = k / 32, span = 32;
     for (int64_t p = 0; p < w->nparts; ++p)
         if (w->part[p].scale_form == QMM_SK) span = 256; /* one dx per super-block */
-    size_t xq_bytes = ((size_t)(2 * m * k) + 63) & ~(size_t)63;
     const int tiled = isa >= ISA_AMX && m >= 16;
-    size_t floats = (size_t)((tiled ? 7 : 3) * m * gc), ints = (size_t)(4 * m * gc);
-    char *buf = scratch(0, (tiled ? 2 : 1) * xq_bytes + sizeof(float) * (floats + ints));
+    const int64_t m16 = tiled ? (m + 15) / 16 * 16 : 0; /* rows as tiles: whole sixteens */
+    size_t xq_bytes = ((size_t)(2 * m * k) + 63) & ~(size_t)63, xt_bytes = (size_t)(2 * m16 * k);
+    size_t floats = (size_t)(3 * m * gc + 4 * m16 * gc), ints = (size_t)(4 * m * gc);
+    char *buf = scratch(0, xq_bytes + xt_bytes + sizeof(float) * (floats + ints));
     if (buf == NULL) return -1;
     xjob_t xj = {x, ldx, span, {0}, (int8_t *)buf, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
     xj.dx = (float *)(buf + xq_bytes), xj.xs = xj.dx + m * gc, xj.xi = (int32_t *)(xj.xs + 2 * m * gc);
     xj.act = (qmm_act_t){xj.xq, xj.dx, xj.xs, xj.xi, m, k, NULL, NULL, NULL, NULL, 0};
     if (tiled) {
-        xj.dxt = (float *)(xj.xi + 4 * m * gc), xj.xs1t = xj.dxt + m * gc;
-        xj.xs2t = xj.xs1t + m * gc, xj.xt = (int8_t *)(xj.xs2t + 2 * m * gc);
+        xj.dxt = (float *)(xj.xi + 4 * m * gc), xj.xs1t = xj.dxt + m16 * gc;
+        xj.xs2t = xj.xs1t + m16 * gc, xj.xt = (int8_t *)(xj.xs2t + 2 * m16 * gc);
     }
     const int units = (int)((m + 15) / 16), helpers = units < threads ? units : threads;
     if (pool != NULL && helpers > 1)
