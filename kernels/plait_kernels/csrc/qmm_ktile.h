@@ -71,15 +71,8 @@ PLAIT_INLINE void QF(row1k)(const int planes, const int SUBS, const plait_qpart_
         for (int64_t line = 0; line < gbytes; line += 64) __builtin_prefetch(cp + PF_DIST_ROW + line, 0, 3);
         u8x64 V[8];
         QF(decode)(planes, cp, V);
-        i32x16 h[2] = {{0}}, l[2] = {{0}};
-#pragma GCC unroll 8
-        for (int t = 0; t < 8; ++t) {
-            int32_t hi, lo;
-            memcpy(&hi, x + 64 * g + 4 * t, sizeof hi);
-            memcpy(&lo, x + 64 * g + 32 + 4 * t, sizeof lo);
-            h[t / 4] = QMM_DP(h[t / 4], V[t], (i8x64)((i32x16){} + hi));
-            l[t / 4] = QMM_DP(l[t / 4], V[t], (i8x64)((i32x16){} + lo));
-        }
+        i32x16 h[2], l[2];
+        QF(dots)(V, x + 64 * g, h, l);
         const int32_t *s = xi + 4 * g; /* sum(hi), sum(lo) of each 16 */
         if (SUBS == 1)
             QF(sk_sub)(h[0] + h[1], l[0] + l[1], s[0] + s[2], s[1] + s[3], p->zero, sc + 16 * g,
@@ -117,15 +110,8 @@ PLAIT_INLINE void QF(tile4k)(const int planes, const plait_qpart_t *p, const qmm
         for (int i = 0; i < 4; ++i) {
             const int8_t *xg = a->xq + (i0 + i) * 2 * a->k + 64 * g; /* hi, then lo */
             const int32_t *s = a->xi + (i0 + i) * 4 * gc + 4 * g;
-            i32x16 h[2] = {{0}}, l[2] = {{0}};
-#pragma GCC unroll 8
-            for (int t = 0; t < 8; ++t) {
-                int32_t hi, lo;
-                memcpy(&hi, xg + 4 * t, sizeof hi);
-                memcpy(&lo, xg + 32 + 4 * t, sizeof lo);
-                h[t / 4] = QMM_DP(h[t / 4], V[t], (i8x64)((i32x16){} + hi));
-                l[t / 4] = QMM_DP(l[t / 4], V[t], (i8x64)((i32x16){} + lo));
-            }
+            i32x16 h[2], l[2];
+            QF(dots)(V, xg, h, l);
             if (subs == 1)
                 QF(sk_sub)(h[0] + h[1], l[0] + l[1], s[0] + s[2], s[1] + s[3], p->zero,
                            sc + 16 * g, &th[i], &tl[i]);

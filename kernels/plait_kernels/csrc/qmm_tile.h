@@ -75,6 +75,20 @@ PLAIT_INLINE f32x16 QF(load_f32)(const void *p) {
     return v;
 }
 
+/* One row of x's dots with a decoded group (x's group: 32 bytes hi, then 32 lo): h[0], l[0]
+ * the sums of hi and lo over its first 16 values, h[1], l[1] over its second 16, exact. */
+PLAIT_INLINE void QF(dots)(const u8x64 V[8], const int8_t *xg, i32x16 h[2], i32x16 l[2]) {
+    h[0] = h[1] = l[0] = l[1] = (i32x16){0};
+#pragma GCC unroll 8
+    for (int t = 0; t < 8; ++t) {
+        int32_t hi, lo;
+        memcpy(&hi, xg + 4 * t, sizeof hi);
+        memcpy(&lo, xg + 32 + 4 * t, sizeof lo);
+        h[t / 4] = QMM_DP(h[t / 4], V[t], (i8x64)((i32x16){} + hi));
+        l[t / 4] = QMM_DP(l[t / 4], V[t], (i8x64)((i32x16){} + lo));
+    }
+}
+
 /* The scale s and the offset z = m - zero * s of the 16 rows of block `blk` for its `at`-th
  * run of `sub` values along k; a K form's super-block scales d and dmin are read at each
  * super-block's first run and kept in *d, *dmin for the runs after it. */
@@ -139,15 +153,8 @@ PLAIT_INLINE void QF(tile4)(const int planes, const plait_qpart_t *p, const qmm_
         for (int i = 0; i < 4; ++i) {
             const int8_t *xg = a->xq + (i0 + i) * 2 * a->k + 64 * g; /* hi, then lo */
             /* the first and second 16 values' sums (sub-blocks when sub = 16) */
-            i32x16 h[2] = {{0}}, l[2] = {{0}};
-#pragma GCC unroll 8
-            for (int t = 0; t < 8; ++t) {
-                int32_t hi, lo;
-                memcpy(&hi, xg + 4 * t, sizeof hi);
-                memcpy(&lo, xg + 32 + 4 * t, sizeof lo);
-                h[t / 4] = QMM_DP(h[t / 4], V[t], (i8x64)((i32x16){} + hi));
-                l[t / 4] = QMM_DP(l[t / 4], V[t], (i8x64)((i32x16){} + lo));
-            }
+            i32x16 h[2], l[2];
+            QF(dots)(V, xg, h, l);
             const float dx = a->dx[(i0 + i) * gc + g];
             const float *xs = a->xs + (i0 + i) * 2 * gc + 2 * g; /* sum(xq) * dx per 16 */
             if (subs == 1) {
@@ -186,15 +193,8 @@ PLAIT_INLINE void QF(row1)(const int planes, const int SUBS, const plait_qpart_t
         for (int64_t line = 0; line < gbytes; line += 64) __builtin_prefetch(cp + PF_DIST_ROW + line, 0, 3);
         u8x64 V[8];
         QF(decode)(planes, cp, V);
-        i32x16 h[2] = {{0}}, l[2] = {{0}};
-#pragma GCC unroll 8
-        for (int t = 0; t < 8; ++t) {
-            int32_t hi, lo;
-            memcpy(&hi, x + 64 * g + 4 * t, sizeof hi);
-            memcpy(&lo, x + 64 * g + 32 + 4 * t, sizeof lo);
-            h[t / 4] = QMM_DP(h[t / 4], V[t], (i8x64)((i32x16){} + hi));
-            l[t / 4] = QMM_DP(l[t / 4], V[t], (i8x64)((i32x16){} + lo));
-        }
+        i32x16 h[2], l[2];
+        QF(dots)(V, x + 64 * g, h, l);
         for (int j = 0; j < SUBS; ++j) {
             f32x16 sv, zv;
             QF(run_scales)(p, a->k, blk, SUBS, g * SUBS + j, &d, &dmin, &sv, &zv);
