@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from plait.backend.gguf import is_gguf, load_gguf_tokenizer
 
@@ -23,6 +23,8 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     path = Path(path)
     if (path / "tokenizer.json").exists():
         return PreTrainedTokenizerFast.from_pretrained(str(path))
+    from transformers import AutoTokenizer  # its model registry costs 0.2 s to import
+
     return AutoTokenizer.from_pretrained(str(path))
 
 

@@ -70,16 +70,17 @@ int plait_pack_kind(const char *name, int32_t *out) {
     return -1;
 }
 
-/* ---- GGUF blocks -> one group of 32 values ------------------------------------------------- */
+/* ---- GGUF blocks -> codes and scales ------------------------------------------------------ */
 
-/* The group's unsigned codes (IQ4: codebook indices) and scales as stored: fp16 bits (SF16 kinds) or int8 (SK kinds)
- * per sub-block, and its super-block's fp16 d and dmin. */
+/* One row's block of a kind decoded: its unsigned codes (IQ4: codebook indices), its scales as
+ * stored: fp16 bits per block (SF16 kinds) or int8 per sub-block (SK kinds), and its
+ * super-block's fp16 d and dmin. Each loop below fills codes with no branch on the data. */
 typedef struct {
-    uint8_t code[32];
-    uint16_t s16[2], m16[2];
-    int8_t sk[2], mk[2];
+    uint8_t code[256];
+    uint16_t s16, m16;
+    int8_t sk[16], mk[16];
     uint16_t d, dmin;
-} group_t;
+} block_t;
 
 static uint16_t u16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
 
@@ -100,131 +101,150 @@ static void k_scale_min(const uint8_t *s, int j, int8_t *sc, int8_t *m) {
     }
 }
 
-static void two_bits(const uint8_t *qs, int j, uint8_t *code) { /* Q2_K/Q3_K low bits */
-    for (int l = 0; l < 32; ++l) code[l] = (qs[32 * (j / 4) + l] >> (2 * (j % 4))) & 3;
+static void two_bits(const uint8_t *qs, uint8_t *code) { /* Q2_K/Q3_K low bits of 256 values */
+    for (int j = 0; j < 8; ++j)
+        for (int l = 0; l < 32; ++l) code[32 * j + l] = (qs[32 * (j / 4) + l] >> (2 * (j % 4))) & 3;
 }
 
-static void decode_group(int kind, const uint8_t *row, int64_t g, group_t *o) {
-    const kind_t *q = &KINDS[kind];
-    int64_t per = q->block_values / 32, j = g % per;
-    const uint8_t *b = row + (g / per) * q->block_bytes;
+static void decode_q5(const uint8_t *b, int with_min, block_t *o) { /* Q5_0, Q5_1 */
+    int off = with_min ? 4 : 2;
+    uint32_t qh = (uint32_t)b[off] | (uint32_t)b[off + 1] << 8 | (uint32_t)b[off + 2] << 16 |
+                  (uint32_t)b[off + 3] << 24;
+    o->s16 = u16(b);
+    o->m16 = with_min ? u16(b + 2) : 0;
+    nibbles(b + off + 4, o->code);
+    for (int l = 0; l < 32; ++l) o->code[l] |= (uint8_t)(((qh >> l) & 1) << 4);
+}
+
+static void decode_q2k(const uint8_t *b, block_t *o) {
+    two_bits(b + 16, o->code);
+    for (int i = 0; i < 16; ++i) {
+        o->sk[i] = (int8_t)(b[i] & 15);
+        o->mk[i] = (int8_t)(b[i] >> 4);
+    }
+    o->d = u16(b + 80);
+    o->dmin = u16(b + 82);
+}
+
+static void decode_q3k(const uint8_t *b, block_t *o) {
+    const uint8_t *s = b + 96;
+    two_bits(b + 32, o->code);
+    for (int j = 0; j < 8; ++j)
+        for (int l = 0; l < 32; ++l) o->code[32 * j + l] |= (uint8_t)(((b[l] >> j) & 1) << 2);
+    for (int i = 0; i < 16; ++i) {
+        int lo = i < 8 ? s[i] & 15 : s[i - 8] >> 4, hi = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
+        o->sk[i] = (int8_t)((lo | hi << 4) - 32);
+    }
+    o->d = u16(b + 108);
+}
+
+static void decode_q45k(const uint8_t *b, int five, block_t *o) { /* Q4_K, Q5_K */
+    const uint8_t *qs = b + (five ? 48 : 16);
+    for (int p = 0; p < 4; ++p)
+        for (int l = 0; l < 32; ++l) {
+            o->code[64 * p + l] = qs[32 * p + l] & 15;
+            o->code[64 * p + 32 + l] = qs[32 * p + l] >> 4;
+        }
+    if (five)
+        for (int j = 0; j < 8; ++j)
+            for (int l = 0; l < 32; ++l) o->code[32 * j + l] |= (uint8_t)(((b[16 + l] >> j) & 1) << 4);
+    for (int j = 0; j < 8; ++j) k_scale_min(b + 4, j, &o->sk[j], &o->mk[j]);
+    o->d = u16(b);
+    o->dmin = u16(b + 2);
+}
+
+static void decode_q6k(const uint8_t *b, block_t *o) { /* per half of 128 values: ql, qh */
+    for (int h = 0; h < 2; ++h) {
+        const uint8_t *ql = b + 64 * h, *qh = b + 128 + 32 * h;
+        uint8_t *c = o->code + 128 * h;
+        for (int l = 0; l < 32; ++l) {
+            c[l] = (uint8_t)((ql[l] & 15) | (qh[l] & 3) << 4);
+            c[32 + l] = (uint8_t)((ql[32 + l] & 15) | ((qh[l] >> 2) & 3) << 4);
+            c[64 + l] = (uint8_t)((ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4);
+            c[96 + l] = (uint8_t)((ql[32 + l] >> 4) | ((qh[l] >> 6) & 3) << 4);
+        }
+    }
+    for (int i = 0; i < 16; ++i) o->sk[i] = (int8_t)b[192 + i];
+    o->d = u16(b + 208);
+}
+
+static void decode_iq4xs(const uint8_t *b, block_t *o) {
+    uint16_t top = u16(b + 2);
+    for (int j = 0; j < 8; ++j) {
+        int ls = ((b[4 + j / 2] >> (4 * (j % 2))) & 15) | (((top >> (2 * j)) & 3) << 4);
+        o->sk[j] = (int8_t)(ls - 32);
+        nibbles(b + 8 + 16 * j, o->code + 32 * j);
+    }
+    o->d = u16(b);
+}
+
+/* Block b (its kind's bytes at b) of one row into o. */
+static void decode_block(int kind, const uint8_t *b, block_t *o) {
     switch (kind) {
     case 0: case 10: /* Q4_0, IQ4_NL */
-        o->s16[0] = u16(b);
+        o->s16 = u16(b);
         nibbles(b + 2, o->code);
         break;
     case 1: /* Q4_1 */
-        o->s16[0] = u16(b);
-        o->m16[0] = u16(b + 2);
+        o->s16 = u16(b);
+        o->m16 = u16(b + 2);
         nibbles(b + 4, o->code);
         break;
-    case 2: case 3: { /* Q5_0, Q5_1 */
-        int off = kind == 2 ? 2 : 4;
-        uint32_t qh = (uint32_t)b[off] | (uint32_t)b[off + 1] << 8 | (uint32_t)b[off + 2] << 16 |
-                      (uint32_t)b[off + 3] << 24;
-        o->s16[0] = u16(b);
-        o->m16[0] = kind == 3 ? u16(b + 2) : 0;
-        nibbles(b + off + 4, o->code);
-        for (int l = 0; l < 32; ++l) o->code[l] |= (uint8_t)(((qh >> l) & 1) << 4);
-        break;
-    }
+    case 2: case 3: decode_q5(b, kind == 3, o); break;
     case 4: /* Q8_0 */
-        o->s16[0] = u16(b);
+        o->s16 = u16(b);
         for (int l = 0; l < 32; ++l) o->code[l] = (uint8_t)((int8_t)b[2 + l] + 128);
         break;
-    case 5: /* Q2_K */
-        two_bits(b + 16, (int)j, o->code);
-        for (int h = 0; h < 2; ++h) {
-            o->sk[h] = (int8_t)(b[2 * j + h] & 15);
-            o->mk[h] = (int8_t)(b[2 * j + h] >> 4);
-        }
-        o->d = u16(b + 80);
-        o->dmin = u16(b + 82);
-        break;
-    case 6: { /* Q3_K */
-        const uint8_t *s = b + 96;
-        two_bits(b + 32, (int)j, o->code);
-        for (int l = 0; l < 32; ++l) o->code[l] |= (uint8_t)(((b[l] >> j) & 1) << 2);
-        for (int h = 0; h < 2; ++h) {
-            int i = (int)(2 * j + h);
-            int lo = i < 8 ? s[i] & 15 : s[i - 8] >> 4, hi = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
-            o->sk[h] = (int8_t)((lo | hi << 4) - 32);
-        }
-        o->d = u16(b + 108);
-        break;
+    case 5: decode_q2k(b, o); break;
+    case 6: decode_q3k(b, o); break;
+    case 7: case 8: decode_q45k(b, kind == 8, o); break;
+    case 9: decode_q6k(b, o); break;
+    default: decode_iq4xs(b, o); break;
     }
-    case 7: case 8: { /* Q4_K, Q5_K */
-        const uint8_t *qs = b + (kind == 7 ? 16 : 48) + 32 * (j / 2);
-        for (int l = 0; l < 32; ++l) o->code[l] = j % 2 ? qs[l] >> 4 : qs[l] & 15;
-        if (kind == 8)
-            for (int l = 0; l < 32; ++l) o->code[l] |= (uint8_t)(((b[16 + l] >> j) & 1) << 4);
-        k_scale_min(b + 4, (int)j, &o->sk[0], &o->mk[0]);
-        o->d = u16(b);
-        o->dmin = u16(b + 2);
-        break;
-    }
-    case 9: { /* Q6_K: per half of 128, low nibbles of ql (values 0..63) then high nibbles */
-        int h = (int)j / 4, q4 = (int)j % 4;
-        for (int l = 0; l < 32; ++l) {
-            int i = 32 * q4 + l;
-            uint8_t low = i < 64 ? b[64 * h + i] & 15 : b[64 * h + i - 64] >> 4;
-            uint8_t high = (b[128 + 32 * h + l] >> (2 * q4)) & 3;
-            o->code[l] = (uint8_t)(low | high << 4);
-        }
-        o->sk[0] = (int8_t)b[192 + 2 * j];
-        o->sk[1] = (int8_t)b[192 + 2 * j + 1];
-        o->d = u16(b + 208);
-        break;
-    }
-    default: { /* IQ4_XS */
-        uint16_t top = u16(b + 2);
-        int ls = ((b[4 + j / 2] >> (4 * (j % 2))) & 15) | (((top >> (2 * j)) & 3) << 4);
-        o->sk[0] = (int8_t)(ls - 32);
-        nibbles(b + 8 + 16 * j, o->code);
-        o->d = u16(b);
-        break;
-    }
-    }
+}
+
+/* A padding row's block: code = zero, every scale 0. */
+static void pad_block(const kind_t *q, block_t *o) {
+    memset(o, 0, sizeof *o);
+    memset(o->code, q->zero, sizeof o->code);
 }
 
 /* ---- one group of 16 rows -> code planes ------------------------------------------------- */
 
-/* Write the planes of codes c[r][i] (row r of 16, value i of 32) at gp (qmm_tile.h layout):
- * byte 4r + b of each 64-byte chunk belongs to row r, so each loop below fills whole bytes. */
-static void write_planes(int planes, uint8_t c[BLOCK_ROWS][32], uint8_t *gp) {
+static uint32_t load4(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+static void store4(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
+
+/* Bits from `from` (mask m, `width` of them) of the codes v[4 j + b] (j < count) gathered into
+ * one word: value b's go to byte b, the j-th run's at bit width * j. */
+static uint32_t gather4(const uint8_t *v, int count, int from, uint32_t m, int width) {
+    uint32_t acc = 0;
+    for (int j = 0; j < count; ++j) acc |= ((load4(v + 4 * j) >> from) & m) << (width * j);
+    return acc;
+}
+
+/* Write the planes of codes (row r of 16 at c + stride r, 32 values) at gp (qmm_tile.h layout):
+ * byte 4r + b of each 64-byte chunk belongs to row r, so each row's plane bytes are built four
+ * at a time, a byte per value b of a run of four (little-endian words). */
+static void write_planes(int planes, const uint8_t *c, int64_t stride, uint8_t *gp) {
     for (int r = 0; r < BLOCK_ROWS; ++r) {
-        const uint8_t *v = c[r];
-        for (int b = 0; b < 4; ++b) {
-            uint8_t *at = gp + 4 * r + b;
-            if (planes == QMM_P8) {
-                for (int t = 0; t < 8; ++t) at[64 * t] = v[4 * t + b];
-            } else if (planes == QMM_P2 || planes == QMM_P2H1) {
-                for (int q = 0; q < 2; ++q) {
-                    uint8_t byte = 0;
-                    for (int j = 0; j < 4; ++j) byte |= (uint8_t)((v[16 * q + 4 * j + b] & 3) << (2 * j));
-                    at[64 * q] = byte;
-                }
-                if (planes == QMM_P2H1) {
-                    uint8_t h = 0;
-                    for (int t = 0; t < 8; ++t) h |= (uint8_t)(((v[4 * t + b] >> 2) & 1) << t);
-                    at[128] = h;
-                }
-            } else {
-                for (int q = 0; q < 4; ++q)
-                    at[64 * q] = (uint8_t)((v[8 * q + b] & 15) | (v[8 * q + 4 + b] & 15) << 4);
-                if (planes == QMM_P4H1) {
-                    uint8_t h = 0;
-                    for (int t = 0; t < 8; ++t) h |= (uint8_t)(((v[4 * t + b] >> 4) & 1) << t);
-                    at[256] = h;
-                } else if (planes == QMM_P4H2) {
-                    for (int q = 0; q < 2; ++q) {
-                        uint8_t h = 0;
-                        for (int j = 0; j < 4; ++j)
-                            h |= (uint8_t)(((v[16 * q + 4 * j + b] >> 4) & 3) << (2 * j));
-                        at[256 + 64 * q] = h;
-                    }
-                }
-            }
+        const uint8_t *v = c + stride * r;
+        uint8_t *at = gp + 4 * r;
+        if (planes == QMM_P8) {
+            for (int t = 0; t < 8; ++t) store4(at + 64 * t, load4(v + 4 * t));
+        } else if (planes == QMM_P2 || planes == QMM_P2H1) {
+            for (int q = 0; q < 2; ++q) store4(at + 64 * q, gather4(v + 16 * q, 4, 0, 0x03030303u, 2));
+            if (planes == QMM_P2H1) store4(at + 128, gather4(v, 8, 2, 0x01010101u, 1));
+        } else {
+            for (int q = 0; q < 4; ++q) store4(at + 64 * q, gather4(v + 8 * q, 2, 0, 0x0f0f0f0fu, 4));
+            if (planes == QMM_P4H1) store4(at + 256, gather4(v, 8, 4, 0x01010101u, 1));
+            if (planes == QMM_P4H2)
+                for (int q = 0; q < 2; ++q)
+                    store4(at + 256 + 64 * q, gather4(v + 16 * q, 4, 4, 0x03030303u, 2));
         }
     }
 }
@@ -241,40 +261,51 @@ typedef struct {
     uint16_t *d, *dmin;
 } gguf_job_t;
 
+/* The scales of 16 rows' block b into the part's arrays ([k / sub, 16] and [k / 256, 16] per
+ * row block blk). */
+static void store_scales(const gguf_job_t *j, const kind_t *q, int64_t blk, int64_t b,
+                         const block_t *o) {
+    int64_t subs = q->block_values / q->sub, at = (blk * (j->k / q->sub) + b * subs) * BLOCK_ROWS;
+    for (int64_t i = 0; i < subs; ++i)
+        for (int r = 0; r < BLOCK_ROWS; ++r) {
+            int64_t s = at + i * BLOCK_ROWS + r;
+            if (q->scale_form == QMM_SF16) {
+                ((uint16_t *)j->scales)[s] = o[r].s16;
+                if (q->mins) ((uint16_t *)j->mins)[s] = o[r].m16;
+            } else {
+                ((int8_t *)j->scales)[s] = o[r].sk[i];
+                if (q->mins) ((int8_t *)j->mins)[s] = o[r].mk[i];
+            }
+        }
+    if (q->scale_form != QMM_SK) return;
+    for (int r = 0; r < BLOCK_ROWS; ++r) {
+        int64_t s = (blk * (j->k / 256) + b) * BLOCK_ROWS + r;
+        j->d[s] = o[r].d;
+        if (q->mins) j->dmin[s] = o[r].dmin;
+    }
+}
+
 static void pack_gguf_blocks(void *ctx, int part, int parts) {
     const gguf_job_t *j = ctx;
     const kind_t *q = &KINDS[j->kind];
-    int64_t blocks = (j->n + BLOCK_ROWS - 1) / BLOCK_ROWS, gc = j->k / 32, subs = 32 / q->sub;
-    int64_t gbytes = group_bytes(q->planes), supers = j->k / 256, el = q->scale_form == QMM_SK ? 1 : 2;
+    int64_t blocks = (j->n + BLOCK_ROWS - 1) / BLOCK_ROWS, gc = j->k / 32;
+    int64_t per = q->block_values / 32, gbytes = group_bytes(q->planes);
+    block_t o[BLOCK_ROWS];
     for (int64_t blk = blocks * part / parts; blk < blocks * (part + 1) / parts; ++blk) {
-        for (int64_t g = 0; g < gc; ++g) {
-            uint8_t c[BLOCK_ROWS][32];
-            int64_t at = (blk * gc + g) * subs * BLOCK_ROWS;
-            memset(c, q->zero, sizeof c); /* padding rows: code = zero, scale 0 */
+        for (int64_t b = 0; b < j->k / q->block_values; ++b) {
             for (int r = 0; r < BLOCK_ROWS; ++r) {
                 int64_t row = blk * BLOCK_ROWS + r;
-                group_t o = {{0}, {0}, {0}, {0}, {0}, 0, 0};
-                if (row < j->n) {
-                    int64_t src = j->src_rows ? j->src_rows[row] : row;
-                    decode_group(j->kind, j->raw + src * j->row_bytes, g, &o);
-                    memcpy(c[r], o.code, 32);
+                if (row >= j->n) {
+                    pad_block(q, &o[r]);
+                    continue;
                 }
-                for (int h = 0; h < subs; ++h) {
-                    int64_t s = at + h * BLOCK_ROWS + r;
-                    if (el == 2) {
-                        ((uint16_t *)j->scales)[s] = o.s16[h];
-                        if (q->mins) ((uint16_t *)j->mins)[s] = o.m16[h];
-                    } else {
-                        ((int8_t *)j->scales)[s] = o.sk[h];
-                        if (q->mins) ((int8_t *)j->mins)[s] = o.mk[h];
-                    }
-                }
-                if (q->scale_form == QMM_SK && g % 8 == 0) {
-                    j->d[(blk * supers + g / 8) * BLOCK_ROWS + r] = o.d;
-                    if (q->mins) j->dmin[(blk * supers + g / 8) * BLOCK_ROWS + r] = o.dmin;
-                }
+                int64_t src = j->src_rows ? j->src_rows[row] : row;
+                decode_block(j->kind, j->raw + src * j->row_bytes + b * q->block_bytes, &o[r]);
             }
-            write_planes(q->planes, c, j->codes + (blk * gc + g) * gbytes);
+            store_scales(j, q, blk, b, o);
+            for (int64_t g = 0; g < per; ++g)
+                write_planes(q->planes, o[0].code + 32 * g, sizeof(block_t),
+                             j->codes + (blk * gc + b * per + g) * gbytes);
         }
     }
 }
@@ -312,7 +343,7 @@ int plait_pack_codes(const uint8_t *src, int64_t n, int64_t k, int planes, uint8
             memset(c, pad, sizeof c);
             for (int r = 0; r < BLOCK_ROWS && blk * BLOCK_ROWS + r < n; ++r)
                 memcpy(c[r], src + (blk * BLOCK_ROWS + r) * k + 32 * g, 32);
-            write_planes(planes, c, codes + (blk * gc + g) * gbytes);
+            write_planes(planes, c[0], 32, codes + (blk * gc + g) * gbytes);
         }
     }
     return 0;
