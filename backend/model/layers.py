@@ -126,9 +126,12 @@ class MLP(nn.Module):
         self.activation = cfg.activation
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        act = F.silu(gate) if self.activation == "silu" else F.gelu(gate, approximate="tanh")
-        out: torch.Tensor = self.down_proj(act * up)
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # views of a fresh output
+        if self.activation == "silu":  # in place: a long prompt's [T, inter] allocated once
+            act = F.silu(gate, inplace=True)
+        else:
+            act = F.gelu(gate, approximate="tanh")
+        out: torch.Tensor = self.down_proj(act.mul_(up))
         return out
 
 
