@@ -23,6 +23,7 @@ LAZY_IMPORTS = {
     ("plait.cli", "plait.backend.server.launch"),  # `plait serve`: the runtime
     ("plait.backend.router.launcher", "torch"),  # `--dp N` counts GPUs only off the CPU
     ("plait.backend.router.gateway", "sglang_router.launch_router"),  # optional: the gateway
+    ("plait.backend.text.tokenizer", "transformers"),  # AutoTokenizer's registry: 0.2 s
 }
 HEAVY = ("torch", "transformers", "xgrammar")
 

@@ -74,7 +74,8 @@ int plait_pack_kind(const char *name, int32_t *out) {
 
 /* One row's block of a kind decoded: its unsigned codes (IQ4: codebook indices), its scales as
  * stored: fp16 bits per block (SF16 kinds) or int8 per sub-block (SK kinds), and its
- * super-block's fp16 d and dmin. Each loop below fills codes with no branch on the data. */
+ * super-block's fp16 d and dmin. Each loop below fills codes with no branch on the data. The
+ * codes come first, so a block's address is its codes'. */
 typedef struct {
     uint8_t code[256];
     uint16_t s16, m16;
@@ -304,7 +305,7 @@ static void pack_gguf_blocks(void *ctx, int part, int parts) {
             }
             store_scales(j, q, blk, b, o);
             for (int64_t g = 0; g < per; ++g)
-                write_planes(q->planes, o[0].code + 32 * g, sizeof(block_t),
+                write_planes(q->planes, (const uint8_t *)o + 32 * g, sizeof(block_t),
                              j->codes + (blk * gc + b * per + g) * gbytes);
         }
     }
@@ -343,7 +344,7 @@ int plait_pack_codes(const uint8_t *src, int64_t n, int64_t k, int planes, uint8
             memset(c, pad, sizeof c);
             for (int r = 0; r < BLOCK_ROWS && blk * BLOCK_ROWS + r < n; ++r)
                 memcpy(c[r], src + (blk * BLOCK_ROWS + r) * k + 32 * g, 32);
-            write_planes(planes, c[0], 32, codes + (blk * gc + g) * gbytes);
+            write_planes(planes, (const uint8_t *)c, 32, codes + (blk * gc + g) * gbytes);
         }
     }
     return 0;
