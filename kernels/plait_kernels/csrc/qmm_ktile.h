@@ -9,22 +9,22 @@
  * Every path (one row, four, the AMX tiles) gets the same integers however it sums them, and
  * adds a super-block to tot through sk_add, so a row gets the same bits on any path. */
 
-/* 16 int8 -> 16 int32 lanes. */
-PLAIT_INLINE i32x16 QF(load_i8)(const int8_t *p) {
-    i8x16 b;
+/* QMM_W int8 -> QMM_W int32 lanes. */
+PLAIT_INLINE QV_I32 QF(load_i8)(const int8_t *p) {
+    QV_I8N b;
     memcpy(&b, p, sizeof b);
-    return __builtin_convertvector(b, i32x16);
+    return __builtin_convertvector(b, QV_I32);
 }
 
-/* Super-block u (of `supers` per row) of block blk's float scales: d, and with mins each run's
- * -(dmin * mn) in zv[0 .. 8 * subs). */
+/* Super-block u (of `supers` per row) of block blk's float scales, of its QMM_W rows from r0:
+ * d, and with mins each run's -(dmin * mn) in zv[0 .. 8 * subs). */
 PLAIT_INLINE void QF(sk_scales)(const plait_qpart_t *p, int64_t blk, int64_t u, int64_t supers,
-                                int subs, f32x16 *d, f32x16 *zv) {
-    const int64_t at = (blk * supers + u) * 16;
+                                int subs, int r0, QV_F32 *d, QV_F32 *zv) {
+    const int64_t at = (blk * supers + u) * 16 + r0;
     *d = QMM_CVTPH(p->d + at);
     if (p->mins == NULL) return;
-    const f32x16 dm = QMM_CVTPH(p->dmin + at);
-    const int8_t *mn = (const int8_t *)p->mins + (blk * supers + u) * 128 * subs;
+    const QV_F32 dm = QMM_CVTPH(p->dmin + at);
+    const int8_t *mn = (const int8_t *)p->mins + (blk * supers + u) * 128 * subs + r0;
     for (int j = 0; j < 8 * subs; ++j) zv[j] = -(dm * QMM_CVTI8(mn + 16 * j));
 }
 
@@ -32,9 +32,9 @@ PLAIT_INLINE void QF(sk_scales)(const plait_qpart_t *p, int64_t blk, int64_t u, 
  * (256 th + tl) * (d dx), then the mins' zv[j] * sum(x) of each of `runs` runs (0 without
  * mins) in order, sum(x) of run j being xs[j * stride] (or with `pair` xs[2 j stride] +
  * xs[(2 j + 1) stride], sums of 16). */
-PLAIT_INLINE f32x16 QF(sk_add)(f32x16 tot, i32x16 th, i32x16 tl, f32x16 d, float dx, int runs,
-                               const f32x16 *zv, const float *xs, int64_t stride, int pair) {
-    f32x16 f = __builtin_convertvector(th, f32x16) * 256.0f + __builtin_convertvector(tl, f32x16);
+PLAIT_INLINE QV_F32 QF(sk_add)(QV_F32 tot, QV_I32 th, QV_I32 tl, QV_F32 d, float dx, int runs,
+                               const QV_F32 *zv, const float *xs, int64_t stride, int pair) {
+    QV_F32 f = __builtin_convertvector(th, QV_F32) * 256.0f + __builtin_convertvector(tl, QV_F32);
     tot += f * (d * dx);
     for (int j = 0; j < runs; ++j) {
         float sx = pair ? xs[2 * j * stride] + xs[(2 * j + 1) * stride] : xs[j * stride];
@@ -44,16 +44,17 @@ PLAIT_INLINE f32x16 QF(sk_add)(f32x16 tot, i32x16 th, i32x16 tl, f32x16 d, float
 }
 
 /* One sub-block's dots (h, l: x's hi and lo against the codes) of one row of x into th, tl:
- * sh, sl are that row's sums of hi and lo over the sub-block, sc the 16 rows' sub-scales. */
-PLAIT_INLINE void QF(sk_sub)(i32x16 h, i32x16 l, int32_t sh, int32_t sl, int32_t zero,
-                             const int8_t *sc, i32x16 *th, i32x16 *tl) {
-    const i32x16 s = QF(load_i8)(sc);
+ * sh, sl are that row's sums of hi and lo over the sub-block, sc the rows' sub-scales. */
+PLAIT_INLINE void QF(sk_sub)(QV_I32 h, QV_I32 l, int32_t sh, int32_t sl, int32_t zero,
+                             const int8_t *sc, QV_I32 *th, QV_I32 *tl) {
+    const QV_I32 s = QF(load_i8)(sc);
     *th += s * (h - zero * sh);
     *tl += s * (l - zero * sl);
 }
 
 /* One row of x (row i0) against one block of a K form: row1's dots, summed per super-block in
- * integers (sk_sub) and added to the output once per super-block (sk_add). */
+ * integers (sk_sub) and added to the output once per super-block (sk_add); a group's parts of
+ * QMM_W rows one after the other, as row1's. */
 PLAIT_INLINE void QF(row1k)(const int planes, const int SUBS, const plait_qpart_t *p,
                             const qmm_act_t *a, int64_t i0, int64_t blk, float *out, int rows) {
     const int64_t gc = a->k / 32, gbytes = qmm_group_bytes(planes), runs = gc * SUBS;
@@ -64,35 +65,41 @@ PLAIT_INLINE void QF(row1k)(const int planes, const int SUBS, const plait_qpart_
     const float *dx = a->dx + i0 * gc;
     const int32_t *xi = a->xi + i0 * 4 * gc;
     const float *xs = a->xs + i0 * 2 * gc;
-    f32x16 tot = {0};
-    i32x16 th = {0}, tl = {0};
+    const int parts = (rows + QMM_W - 1) / QMM_W;
+    QV_F32 tot[QMM_HALVES] = {{0}};
+    QV_I32 th[QMM_HALVES] = {{0}}, tl[QMM_HALVES] = {{0}};
     for (int64_t g = 0; g < gc; ++g) {
         const uint8_t *cp = codes + g * gbytes;
         for (int64_t line = 0; line < gbytes; line += 64) __builtin_prefetch(cp + PF_DIST_ROW + line, 0, 3);
-        u8x64 V[8];
-        QF(decode)(planes, cp, V);
-        i32x16 h[2], l[2];
-        QF(dots)(V, x + 64 * g, h, l);
         const int32_t *s = xi + 4 * g; /* sum(hi), sum(lo) of each 16 */
-        if (SUBS == 1)
-            QF(sk_sub)(h[0] + h[1], l[0] + l[1], s[0] + s[2], s[1] + s[3], p->zero, sc + 16 * g,
-                       &th, &tl);
-        else
-            for (int j = 0; j < 2; ++j)
-                QF(sk_sub)(h[j], l[j], s[2 * j], s[2 * j + 1], p->zero, sc + 16 * (2 * g + j),
-                           &th, &tl);
-        if ((g & 7) == 7) {
-            const int64_t u = g >> 3;
-            f32x16 d, zv[16];
-            QF(sk_scales)(p, blk, u, gc / 8, SUBS, &d, zv);
-            tot = QF(sk_add)(tot, th, tl, d, dx[g], mn ? 8 * SUBS : 0, zv, xs + 16 * u, 1, SUBS == 1);
-            th = tl = (i32x16){0};
+        for (int hf = 0; hf < parts; ++hf) {
+            const int r0 = QMM_W * hf;
+            QV_U8 V[8];
+            QF(decode)(planes, cp + 4 * r0, V);
+            QV_I32 h[2], l[2];
+            QF(dots)(planes, V, x + 64 * g, h, l);
+            if (SUBS == 1)
+                QF(sk_sub)(h[0] + h[1], l[0] + l[1], s[0] + s[2], s[1] + s[3], p->zero,
+                           sc + 16 * g + r0, &th[hf], &tl[hf]);
+            else
+                for (int j = 0; j < 2; ++j)
+                    QF(sk_sub)(h[j], l[j], s[2 * j], s[2 * j + 1], p->zero,
+                               sc + 16 * (2 * g + j) + r0, &th[hf], &tl[hf]);
+            if ((g & 7) == 7) {
+                const int64_t u = g >> 3;
+                QV_F32 d, zv[16];
+                QF(sk_scales)(p, blk, u, gc / 8, SUBS, r0, &d, zv);
+                tot[hf] = QF(sk_add)(tot[hf], th[hf], tl[hf], d, dx[g], mn ? 8 * SUBS : 0, zv,
+                                     xs + 16 * u, 1, SUBS == 1);
+                th[hf] = tl[hf] = (QV_I32){0};
+            }
         }
     }
-    store_row(out, &tot, rows);
+    for (int hf = 0; hf < parts; ++hf) QF(store_lanes)(out, &tot[hf], rows, QMM_W * hf);
 }
 
-/* Four rows of x (from i0) against one block of a K form: tile4's dots, summed as row1k's. */
+/* Four rows of x (from i0) against one block of a K form: tile4's dots, summed as row1k's,
+ * QMM_W rows of the block at a time. */
 PLAIT_INLINE void QF(tile4k)(const int planes, const plait_qpart_t *p, const qmm_act_t *a,
                              int64_t i0, int64_t blk, float *out, int64_t ldo, int rows) {
     const int64_t gc = a->k / 32, gbytes = qmm_group_bytes(planes);
@@ -100,39 +107,43 @@ PLAIT_INLINE void QF(tile4k)(const int planes, const plait_qpart_t *p, const qmm
     const uint8_t *codes = p->codes + blk * gc * gbytes;
     const int8_t *sc = (const int8_t *)p->scales + blk * gc * subs * 16;
     const int8_t *mn = p->mins ? (const int8_t *)p->mins + blk * gc * subs * 16 : NULL;
-    f32x16 tot[4] = {{0}};
-    i32x16 th[4] = {{0}}, tl[4] = {{0}};
-    for (int64_t g = 0; g < gc; ++g) {
-        const uint8_t *cp = codes + g * gbytes;
-        for (int64_t line = 0; line < gbytes; line += 64) __builtin_prefetch(cp + PF_DIST + line, 0, 3);
-        u8x64 V[8];
-        QF(decode)(planes, cp, V);
-        for (int i = 0; i < 4; ++i) {
-            const int8_t *xg = a->xq + (i0 + i) * 2 * a->k + 64 * g; /* hi, then lo */
-            const int32_t *s = a->xi + (i0 + i) * 4 * gc + 4 * g;
-            i32x16 h[2], l[2];
-            QF(dots)(V, xg, h, l);
-            if (subs == 1)
-                QF(sk_sub)(h[0] + h[1], l[0] + l[1], s[0] + s[2], s[1] + s[3], p->zero,
-                           sc + 16 * g, &th[i], &tl[i]);
-            else
-                for (int j = 0; j < 2; ++j)
-                    QF(sk_sub)(h[j], l[j], s[2 * j], s[2 * j + 1], p->zero, sc + 16 * (2 * g + j),
-                               &th[i], &tl[i]);
-        }
-        if ((g & 7) == 7) {
-            const int64_t u = g >> 3;
-            f32x16 d, zv[16];
-            QF(sk_scales)(p, blk, u, gc / 8, subs, &d, zv);
+    for (int r0 = 0; r0 < rows; r0 += QMM_W) {
+        QV_F32 tot[4] = {{0}};
+        QV_I32 th[4] = {{0}}, tl[4] = {{0}};
+        for (int64_t g = 0; g < gc; ++g) {
+            const uint8_t *cp = codes + g * gbytes;
+            if (r0 == 0)
+                for (int64_t line = 0; line < gbytes; line += 64)
+                    __builtin_prefetch(cp + PF_DIST + line, 0, 3);
+            QV_U8 V[8];
+            QF(decode)(planes, cp + 4 * r0, V);
             for (int i = 0; i < 4; ++i) {
-                tot[i] = QF(sk_add)(tot[i], th[i], tl[i], d, a->dx[(i0 + i) * gc + g],
-                                    mn ? 8 * subs : 0, zv, a->xs + (i0 + i) * 2 * gc + 16 * u, 1,
-                                    subs == 1);
-                th[i] = tl[i] = (i32x16){0};
+                const int8_t *xg = a->xq + (i0 + i) * 2 * a->k + 64 * g; /* hi, then lo */
+                const int32_t *s = a->xi + (i0 + i) * 4 * gc + 4 * g;
+                QV_I32 h[2], l[2];
+                QF(dots)(planes, V, xg, h, l);
+                if (subs == 1)
+                    QF(sk_sub)(h[0] + h[1], l[0] + l[1], s[0] + s[2], s[1] + s[3], p->zero,
+                               sc + 16 * g + r0, &th[i], &tl[i]);
+                else
+                    for (int j = 0; j < 2; ++j)
+                        QF(sk_sub)(h[j], l[j], s[2 * j], s[2 * j + 1], p->zero,
+                                   sc + 16 * (2 * g + j) + r0, &th[i], &tl[i]);
+            }
+            if ((g & 7) == 7) {
+                const int64_t u = g >> 3;
+                QV_F32 d, zv[16];
+                QF(sk_scales)(p, blk, u, gc / 8, subs, r0, &d, zv);
+                for (int i = 0; i < 4; ++i) {
+                    tot[i] = QF(sk_add)(tot[i], th[i], tl[i], d, a->dx[(i0 + i) * gc + g],
+                                        mn ? 8 * subs : 0, zv, a->xs + (i0 + i) * 2 * gc + 16 * u,
+                                        1, subs == 1);
+                    th[i] = tl[i] = (QV_I32){0};
+                }
             }
         }
+        for (int i = 0; i < 4; ++i) QF(store_lanes)(out + i * ldo, &tot[i], rows, r0);
     }
-    for (int i = 0; i < 4; ++i) store_row(out + i * ldo, &tot[i], rows);
 }
 
 #ifdef QMM_AMX
@@ -256,7 +267,7 @@ static void QF(amx16k)(uint8_t *D, const qmm_act_t *a, int64_t i0, const plait_q
             _tile_stored(1, st + 256, 64);
             _tile_stored(2, st + 512, 64);
             _tile_stored(3, st + 768, 64);
-            QF(sk_scales)(p, blk0 + b, u, supers, subs, &d, zv);
+            QF(sk_scales)(p, blk0 + b, u, supers, subs, 0, &d, zv);
             prev = b, pu = u;
         }
     QF(amx_sk_rows)(a, i0, pu, subs, runs, d, zv, acc[(n - 1) & 1], T + 256 * prev, 0, 16);

@@ -23,83 +23,152 @@
 #define QMM_CAT(a, b) QMM_CAT_(a, b)
 #define QF(name) QMM_CAT(name, QMM_SFX)
 
-PLAIT_INLINE u8x64 QF(load64)(const uint8_t *p) {
-    u8x64 v;
+/* The vectors of the paths below hold QMM_W of a block's 16 rows (one per 32-bit lane): 16
+ * where the ISA has 64-byte registers (and in plain C), 8 on AVX2, where a 64-byte vector
+ * has no register and GCC keeps it in memory. Such a path runs a block as QMM_HALVES parts of
+ * QMM_W rows from row r0: a part's codes are bytes 4 r0 .. 4 (r0 + QMM_W) of every 64-byte
+ * chunk, its scales and outputs those of its rows. Every lane computes what it would in a
+ * 16-lane vector, so the width changes no bit. */
+#if QMM_W == 8
+#define QV_U8 u8x32
+#define QV_I8 i8x32
+#define QV_U16 u16x16
+#define QV_I16 i16x16
+#define QV_I32 i32x8
+#define QV_F32 f32x8
+#define QV_I8N i8x8
+#elif QMM_W == 16
+#define QV_U8 u8x64
+#define QV_I8 i8x64
+#define QV_U16 u16x32
+#define QV_I16 i16x32
+#define QV_I32 i32x16
+#define QV_F32 f32x16
+#define QV_I8N i8x16
+#else
+#error "QMM_W must be 8 or 16"
+#endif
+#define QMM_HALVES (16 / QMM_W)
+
+PLAIT_INLINE QV_U8 QF(loadv)(const uint8_t *p) {
+    QV_U8 v;
     memcpy(&v, p, sizeof v);
     return v;
 }
 
-PLAIT_INLINE u16x32 QF(load64w)(const uint8_t *p) {
-    u16x32 v;
+PLAIT_INLINE QV_U16 QF(loadvw)(const uint8_t *p) {
+    QV_U16 v;
     memcpy(&v, p, sizeof v);
     return v;
 }
 
-/* One group's codes: V[t] for t = 0..7 (see the layout above). */
-PLAIT_INLINE void QF(decode)(const int planes, const uint8_t *cp, u8x64 V[8]) {
-    const u16x32 m4 = (u16x32){} + 0x0f0f, m3 = (u16x32){} + 0x0303, m1 = (u16x32){} + 0x0101;
+/* One group's codes: V[t] for t = 0..7 (see the layout above), of the QMM_W rows whose bytes
+ * start at cp (the group's codes + 4 r0). */
+PLAIT_INLINE void QF(decode)(const int planes, const uint8_t *cp, QV_U8 V[8]) {
+    const QV_U16 m4 = (QV_U16){} + 0x0f0f, m3 = (QV_U16){} + 0x0303, m1 = (QV_U16){} + 0x0101;
     if (planes == QMM_P8) {
-        for (int t = 0; t < 8; ++t) V[t] = QF(load64)(cp + 64 * t);
+        for (int t = 0; t < 8; ++t) V[t] = QF(loadv)(cp + 64 * t);
         return;
     }
     if (planes == QMM_P2 || planes == QMM_P2H1) {
         for (int c = 0; c < 2; ++c) {
-            u16x32 v = QF(load64w)(cp + 64 * c);
-            for (int j = 0; j < 4; ++j) V[4 * c + j] = (u8x64)((v >> (2 * j)) & m3);
+            QV_U16 v = QF(loadvw)(cp + 64 * c);
+            for (int j = 0; j < 4; ++j) V[4 * c + j] = (QV_U8)((v >> (2 * j)) & m3);
         }
         if (planes == QMM_P2H1) {
-            u16x32 h = QF(load64w)(cp + 128);
-            for (int t = 0; t < 8; ++t) V[t] |= (u8x64)(((h >> t) & m1) << 2);
+            QV_U16 h = QF(loadvw)(cp + 128);
+            for (int t = 0; t < 8; ++t) V[t] |= (QV_U8)(((h >> t) & m1) << 2);
         }
         return;
     }
     for (int c = 0; c < 4; ++c) {
-        u16x32 v = QF(load64w)(cp + 64 * c);
-        V[2 * c] = (u8x64)(v & m4);
-        V[2 * c + 1] = (u8x64)((v >> 4) & m4);
+        QV_U16 v = QF(loadvw)(cp + 64 * c);
+        V[2 * c] = (QV_U8)(v & m4);
+        V[2 * c + 1] = (QV_U8)((v >> 4) & m4);
     }
     if (planes == QMM_P4H1) {
-        u16x32 h = QF(load64w)(cp + 256);
-        for (int t = 0; t < 8; ++t) V[t] |= (u8x64)(((h >> t) & m1) << 4);
+        QV_U16 h = QF(loadvw)(cp + 256);
+        for (int t = 0; t < 8; ++t) V[t] |= (QV_U8)(((h >> t) & m1) << 4);
     } else if (planes == QMM_P4H2) {
-        u16x32 h[2] = {QF(load64w)(cp + 256), QF(load64w)(cp + 320)};
-        for (int t = 0; t < 8; ++t) V[t] |= (u8x64)(((h[t >> 2] >> (2 * (t & 3))) & m3) << 4);
+        QV_U16 h[2] = {QF(loadvw)(cp + 256), QF(loadvw)(cp + 320)};
+        for (int t = 0; t < 8; ++t) V[t] |= (QV_U8)(((h[t >> 2] >> (2 * (t & 3))) & m3) << 4);
     } else if (planes == QMM_IQ4) {
         for (int t = 0; t < 8; ++t) V[t] = QMM_LUT(V[t]);
     }
 }
 
-PLAIT_INLINE f32x16 QF(load_f32)(const void *p) {
-    f32x16 v;
+PLAIT_INLINE QV_F32 QF(load_f32)(const void *p) {
+    QV_F32 v;
     memcpy(&v, p, sizeof v);
     return v;
 }
 
+/* A part's outputs of one row of x: lanes from r0 of the block's first `rows` (a part's last
+ * block may be short), at out[r0 ..]. The constant size of a whole part's lets the compiler
+ * store a vector where a call to memcpy would cost as much as summing a short row. */
+PLAIT_INLINE void QF(store_lanes)(float *out, const QV_F32 *v, int rows, int r0) {
+    const int n = rows - r0;
+    if (n >= QMM_W)
+        memcpy(out + r0, v, sizeof(float) * QMM_W);
+    else if (n > 0)
+        memcpy(out + r0, v, sizeof(float) * (size_t)n);
+}
+
 /* One row of x's dots with a decoded group (x's group: 32 bytes hi, then 32 lo): h[0], l[0]
- * the sums of hi and lo over its first 16 values, h[1], l[1] over its second 16, exact. */
-PLAIT_INLINE void QF(dots)(const u8x64 V[8], const int8_t *xg, i32x16 h[2], i32x16 l[2]) {
-    h[0] = h[1] = l[0] = l[1] = (i32x16){0};
+ * the sums of hi and lo over its first 16 values, h[1], l[1] over its second 16, exact. Where
+ * the ISA has a 16-bit pair dot (QMM_DP16, u8 x s8 pairs summed in int16 lanes, and QMM_WIDEN,
+ * int16 pairs added to int32 lanes: AVX2's vpmaddubsw and vpmaddwd) and the codes are small
+ * enough (qmm_fold), qmm_fold(planes) V[t]'s pair sums add in int16 before one widening: the
+ * same integers in fewer instructions. */
+PLAIT_INLINE void QF(dots)(const int planes, const QV_U8 V[8], const int8_t *xg, QV_I32 h[2],
+                           QV_I32 l[2]) {
+    h[0] = h[1] = l[0] = l[1] = (QV_I32){0};
+#ifdef QMM_DP16
+    const int fold = qmm_fold(planes);
+    if (fold > 0) {
+#pragma GCC unroll 2
+        for (int j = 0; j < 2; ++j) {
+            QV_I16 sh = {0}, sl = {0};
+#pragma GCC unroll 4
+            for (int t = 4 * j; t < 4 * j + 4; ++t) {
+                int32_t hi, lo;
+                memcpy(&hi, xg + 4 * t, sizeof hi);
+                memcpy(&lo, xg + 32 + 4 * t, sizeof lo);
+                sh += QMM_DP16(V[t], (QV_I8)((QV_I32){} + hi));
+                sl += QMM_DP16(V[t], (QV_I8)((QV_I32){} + lo));
+                if ((t + 1) % fold == 0) {
+                    h[j] = QMM_WIDEN(h[j], sh);
+                    l[j] = QMM_WIDEN(l[j], sl);
+                    sh = sl = (QV_I16){0};
+                }
+            }
+        }
+        return;
+    }
+#endif
+    (void)planes;
 #pragma GCC unroll 8
     for (int t = 0; t < 8; ++t) {
         int32_t hi, lo;
         memcpy(&hi, xg + 4 * t, sizeof hi);
         memcpy(&lo, xg + 32 + 4 * t, sizeof lo);
-        h[t / 4] = QMM_DP(h[t / 4], V[t], (i8x64)((i32x16){} + hi));
-        l[t / 4] = QMM_DP(l[t / 4], V[t], (i8x64)((i32x16){} + lo));
+        h[t / 4] = QMM_DP(h[t / 4], V[t], (QV_I8)((QV_I32){} + hi));
+        l[t / 4] = QMM_DP(l[t / 4], V[t], (QV_I8)((QV_I32){} + lo));
     }
 }
 
-/* The scale s and the offset z = m - zero * s of the 16 rows of block `blk` for its `at`-th
- * run of `sub` values along k; a K form's super-block scales d and dmin are read at each
- * super-block's first run and kept in *d, *dmin for the runs after it. */
+/* The scale s and the offset z = m - zero * s of the QMM_W rows from r0 of block `blk` for its
+ * `at`-th run of `sub` values along k; a K form's super-block scales d and dmin are read at
+ * each super-block's first run and kept in *d, *dmin for the runs after it. */
 PLAIT_INLINE void QF(run_scales)(const plait_qpart_t *p, int64_t k, int64_t blk, const int subs,
-                                 int64_t at, f32x16 *d, f32x16 *dmin, f32x16 *s, f32x16 *z) {
+                                 int64_t at, int r0, QV_F32 *d, QV_F32 *dmin, QV_F32 *s,
+                                 QV_F32 *z) {
     const int64_t n = k / 32 * subs, supers = k / 256, super = at >> (subs == 2 ? 4 : 3);
     const int el = (int)qmm_scale_bytes(p->scale_form);
-    const uint8_t *sc = (const uint8_t *)p->scales + blk * n * 16 * el;
-    const uint8_t *mn = p->mins ? (const uint8_t *)p->mins + blk * n * 16 * el : NULL;
-    const f32x16 zero = (f32x16){} + (float)p->zero;
-    f32x16 m = {0};
+    const uint8_t *sc = (const uint8_t *)p->scales + (blk * n * 16 + r0) * el;
+    const uint8_t *mn = p->mins ? (const uint8_t *)p->mins + (blk * n * 16 + r0) * el : NULL;
+    const QV_F32 zero = (QV_F32){} + (float)p->zero;
+    QV_F32 m = {0};
     if (p->scale_form == QMM_SF16) {
         *s = QMM_CVTPH((const uint16_t *)sc + 16 * at);
         if (mn) m = QMM_CVTPH((const uint16_t *)mn + 16 * at);
@@ -108,8 +177,8 @@ PLAIT_INLINE void QF(run_scales)(const plait_qpart_t *p, int64_t k, int64_t blk,
         if (mn) m = QF(load_f32)((const float *)mn + 16 * at);
     } else {
         if ((at & (8 * subs - 1)) == 0) { /* a new super-block of 256 values */
-            *d = QMM_CVTPH(p->d + (blk * supers + super) * 16);
-            if (p->dmin) *dmin = QMM_CVTPH(p->dmin + (blk * supers + super) * 16);
+            *d = QMM_CVTPH(p->d + (blk * supers + super) * 16 + r0);
+            if (p->dmin) *dmin = QMM_CVTPH(p->dmin + (blk * supers + super) * 16 + r0);
         }
         *s = *d * QMM_CVTI8(sc + 16 * at);
         if (mn) m = -(*dmin * QMM_CVTI8(mn + 16 * at));
@@ -122,55 +191,61 @@ PLAIT_INLINE void QF(run_scales)(const plait_qpart_t *p, int64_t k, int64_t blk,
  * m - zero * s at Z[...] (the zero folded into the min, so the dot needs no correction). */
 static void QF(block_scales)(const plait_qpart_t *p, int64_t k, int64_t blk, float *S, float *Z) {
     const int subs = p->sub == 16 ? 2 : 1;
-    f32x16 d = {0}, dmin = {0}, s, z;
-    for (int64_t at = 0; at < k / 32 * subs; ++at) {
-        QF(run_scales)(p, k, blk, subs, at, &d, &dmin, &s, &z);
-        memcpy(S + 16 * at, &s, sizeof s);
-        memcpy(Z + 16 * at, &z, sizeof z);
+    for (int r0 = 0; r0 < 16; r0 += QMM_W) {
+        QV_F32 d = {0}, dmin = {0}, s, z;
+        for (int64_t at = 0; at < k / 32 * subs; ++at) {
+            QF(run_scales)(p, k, blk, subs, at, r0, &d, &dmin, &s, &z);
+            memcpy(S + 16 * at + r0, &s, sizeof s);
+            memcpy(Z + 16 * at + r0, &z, sizeof z);
+        }
     }
 }
 
 /* Four rows of x (from row i0) against one block of 16 rows of a part (its scales S, Z from
- * block_scales): out[i][0..rows). Two sums each of hi and lo per row; the four rows
- * interleave their dots' latencies. */
+ * block_scales): out[i][0..rows), QMM_W rows of the block at a time. Two sums each of hi and
+ * lo per row; the four rows interleave their dots' latencies. */
 PLAIT_INLINE void QF(tile4)(const int planes, const plait_qpart_t *p, const qmm_act_t *a,
                             int64_t i0, int64_t blk, const float *S, const float *Z, float *out,
                             int64_t ldo, int rows) {
     const int64_t gc = a->k / 32, gbytes = qmm_group_bytes(planes);
     const int subs = p->sub == 16 ? 2 : 1;
     const uint8_t *codes = p->codes + blk * gc * gbytes;
-    f32x16 tot[4] = {{0}};
-    for (int64_t g = 0; g < gc; ++g) {
-        const uint8_t *cp = codes + g * gbytes;
-        for (int64_t line = 0; line < gbytes; line += 64) __builtin_prefetch(cp + PF_DIST + line, 0, 3);
-        u8x64 V[8];
-        QF(decode)(planes, cp, V);
-        f32x16 sv[2], zv[2];
-        for (int j = 0; j < subs; ++j) {
-            sv[j] = QF(load_f32)(S + 16 * (g * subs + j));
-            zv[j] = QF(load_f32)(Z + 16 * (g * subs + j));
-        }
-        for (int i = 0; i < 4; ++i) {
-            const int8_t *xg = a->xq + (i0 + i) * 2 * a->k + 64 * g; /* hi, then lo */
-            /* the first and second 16 values' sums (sub-blocks when sub = 16) */
-            i32x16 h[2], l[2];
-            QF(dots)(V, xg, h, l);
-            const float dx = a->dx[(i0 + i) * gc + g];
-            const float *xs = a->xs + (i0 + i) * 2 * gc + 2 * g; /* sum(xq) * dx per 16 */
-            if (subs == 1) {
-                f32x16 f = __builtin_convertvector(((h[0] + h[1]) << 8) + l[0] + l[1], f32x16);
-                tot[i] += f * (sv[0] * dx);
-                tot[i] += zv[0] * (xs[0] + xs[1]);
-            } else {
-                for (int j = 0; j < 2; ++j) {
-                    f32x16 f = __builtin_convertvector((h[j] << 8) + l[j], f32x16);
-                    tot[i] += f * (sv[j] * dx);
-                    tot[i] += zv[j] * xs[j];
+    for (int r0 = 0; r0 < rows; r0 += QMM_W) {
+        QV_F32 tot[4] = {{0}};
+        for (int64_t g = 0; g < gc; ++g) {
+            const uint8_t *cp = codes + g * gbytes;
+            if (r0 == 0)
+                for (int64_t line = 0; line < gbytes; line += 64)
+                    __builtin_prefetch(cp + PF_DIST + line, 0, 3);
+            QV_U8 V[8];
+            QF(decode)(planes, cp + 4 * r0, V);
+            QV_F32 sv[2], zv[2];
+            for (int j = 0; j < subs; ++j) {
+                sv[j] = QF(load_f32)(S + 16 * (g * subs + j) + r0);
+                zv[j] = QF(load_f32)(Z + 16 * (g * subs + j) + r0);
+            }
+            for (int i = 0; i < 4; ++i) {
+                const int8_t *xg = a->xq + (i0 + i) * 2 * a->k + 64 * g; /* hi, then lo */
+                /* the first and second 16 values' sums (sub-blocks when sub = 16) */
+                QV_I32 h[2], l[2];
+                QF(dots)(planes, V, xg, h, l);
+                const float dx = a->dx[(i0 + i) * gc + g];
+                const float *xs = a->xs + (i0 + i) * 2 * gc + 2 * g; /* sum(xq) * dx per 16 */
+                if (subs == 1) {
+                    QV_F32 f = __builtin_convertvector(((h[0] + h[1]) << 8) + l[0] + l[1], QV_F32);
+                    tot[i] += f * (sv[0] * dx);
+                    tot[i] += zv[0] * (xs[0] + xs[1]);
+                } else {
+                    for (int j = 0; j < 2; ++j) {
+                        QV_F32 f = __builtin_convertvector((h[j] << 8) + l[j], QV_F32);
+                        tot[i] += f * (sv[j] * dx);
+                        tot[i] += zv[j] * xs[j];
+                    }
                 }
             }
         }
+        for (int i = 0; i < 4; ++i) QF(store_lanes)(out + i * ldo, &tot[i], rows, r0);
     }
-    for (int i = 0; i < 4; ++i) store_row(out + i * ldo, &tot[i], rows);
 }
 
 /* One row of x (row i0) against one block (a step of one to three rows, and the last one to
@@ -180,30 +255,35 @@ PLAIT_INLINE void QF(tile4)(const int planes, const plait_qpart_t *p, const qmm_
  * first: the scales then stream with the codes, and a decode reading its weights from memory
  * keeps the memory busy. With its shorter prefetch distance (PF_DIST_ROW) a 1B-class Q4_K_M
  * decode went from 13.4 to 17.6 tok/s at one thread. SUBS is 32 / sub; two sums per hi and
- * lo byte keep the dot's latency hidden (across groups, which are independent). */
+ * lo byte keep the dot's latency hidden (across groups, which are independent). A group's
+ * parts of QMM_W rows run one after the other, so its codes are read once. */
 PLAIT_INLINE void QF(row1)(const int planes, const int SUBS, const plait_qpart_t *p,
                            const qmm_act_t *a, int64_t i0, int64_t blk, float *out, int rows) {
     const int64_t gc = a->k / 32, gbytes = qmm_group_bytes(planes);
     const uint8_t *codes = p->codes + blk * gc * gbytes;
     const int8_t *x = a->xq + i0 * 2 * a->k;
     const float *dx = a->dx + i0 * gc, *xs = a->xs + i0 * 2 * gc;
-    f32x16 tot = {0}, d = {0}, dmin = {0};
+    const int parts = (rows + QMM_W - 1) / QMM_W;
+    QV_F32 tot[QMM_HALVES] = {{0}}, d[QMM_HALVES] = {{0}}, dmin[QMM_HALVES] = {{0}};
     for (int64_t g = 0; g < gc; ++g) {
         const uint8_t *cp = codes + g * gbytes;
         for (int64_t line = 0; line < gbytes; line += 64) __builtin_prefetch(cp + PF_DIST_ROW + line, 0, 3);
-        u8x64 V[8];
-        QF(decode)(planes, cp, V);
-        i32x16 h[2], l[2];
-        QF(dots)(V, x + 64 * g, h, l);
-        for (int j = 0; j < SUBS; ++j) {
-            f32x16 sv, zv;
-            QF(run_scales)(p, a->k, blk, SUBS, g * SUBS + j, &d, &dmin, &sv, &zv);
-            i32x16 sum = SUBS == 1 ? ((h[0] + h[1]) << 8) + l[0] + l[1] : (h[j] << 8) + l[j];
-            tot += __builtin_convertvector(sum, f32x16) * (sv * dx[g]);
-            tot += zv * (SUBS == 1 ? xs[2 * g] + xs[2 * g + 1] : xs[2 * g + j]);
+        for (int hf = 0; hf < parts; ++hf) {
+            QV_U8 V[8];
+            QF(decode)(planes, cp + 4 * QMM_W * hf, V);
+            QV_I32 h[2], l[2];
+            QF(dots)(planes, V, x + 64 * g, h, l);
+            for (int j = 0; j < SUBS; ++j) {
+                QV_F32 sv, zv;
+                QF(run_scales)(p, a->k, blk, SUBS, g * SUBS + j, QMM_W * hf, &d[hf], &dmin[hf],
+                               &sv, &zv);
+                QV_I32 sum = SUBS == 1 ? ((h[0] + h[1]) << 8) + l[0] + l[1] : (h[j] << 8) + l[j];
+                tot[hf] += __builtin_convertvector(sum, QV_F32) * (sv * dx[g]);
+                tot[hf] += zv * (SUBS == 1 ? xs[2 * g] + xs[2 * g + 1] : xs[2 * g + j]);
+            }
         }
     }
-    store_row(out, &tot, rows);
+    for (int hf = 0; hf < parts; ++hf) QF(store_lanes)(out, &tot[hf], rows, QMM_W * hf);
 }
 
 #include "qmm_ktile.h"
@@ -455,3 +535,11 @@ static void QF(blocks)(const plait_qpart_t *p, const qmm_act_t *a, int64_t blk0,
 }
 
 #undef QMM_DEFINE_ROWS
+#undef QV_U8
+#undef QV_I8
+#undef QV_U16
+#undef QV_I16
+#undef QV_I32
+#undef QV_F32
+#undef QV_I8N
+#undef QMM_HALVES

@@ -47,6 +47,14 @@ typedef int16_t i16x32 __attribute__((vector_size(64)));
 typedef int32_t i32x16 __attribute__((vector_size(64)));
 typedef float f32x16 __attribute__((vector_size(64)));
 typedef int8_t i8x16 __attribute__((vector_size(16)));
+/* AVX2's widths (qmm_tile.h's QMM_W = 8: eight rows of a block per vector). */
+typedef uint8_t u8x32 __attribute__((vector_size(32)));
+typedef int8_t i8x32 __attribute__((vector_size(32)));
+typedef uint16_t u16x16 __attribute__((vector_size(32)));
+typedef int16_t i16x16 __attribute__((vector_size(32)));
+typedef int32_t i32x8 __attribute__((vector_size(32)));
+typedef float f32x8 __attribute__((vector_size(32)));
+typedef int8_t i8x8 __attribute__((vector_size(8)));
 
 /* x quantized for one call (quantize_row): xq [m, 2k] int8, dx [m, k / 32], xs [m, k / 16]
  * (the sums of every 16 values as the two bytes hold them, sum(xq) * dx) and xi [m, k / 16, 2]
@@ -68,6 +76,15 @@ typedef struct {
 PLAIT_INLINE int64_t qmm_group_bytes(int planes) {
     static const int64_t bytes[] = {256, 512, 320, 384, 128, 192, 256};
     return bytes[planes];
+}
+
+/* How many of a group's V[t] (of one half, t in 4j .. 4j + 3) a 16-bit pair dot may sum
+ * before its int16 lanes are widened: a pair of codes below c against x's bytes (|hi| <= 127,
+ * |lo| <= 128) sums to at most 2 * 128 (c - 1), and n pairs must stay within 32767. 0 where one
+ * pair may not (P8 and IQ4's codes reach 255 and 241). */
+PLAIT_INLINE int qmm_fold(int planes) {
+    static const int fold[] = {4, 0, 4, 2, 4, 4, 0}; /* codes below 16, 256, 32, 64, 4, 8, 242 */
+    return fold[planes];
 }
 
 PLAIT_INLINE int64_t qmm_scale_bytes(int form) { return form == QMM_SF32 ? 4 : form == QMM_SF16 ? 2 : 1; }
@@ -198,12 +215,14 @@ PLAIT_INLINE f32x16 cvti8_generic(const void *p) {
 }
 
 #define QMM_SFX _generic
+#define QMM_W 16
 #define QMM_CVTI8 cvti8_generic
 #define QMM_DP dp_generic
 #define QMM_LUT lut_generic
 #define QMM_CVTPH cvtph_generic
 #include "qmm_tile.h"
 #undef QMM_SFX
+#undef QMM_W
 #undef QMM_DP
 #undef QMM_LUT
 #undef QMM_CVTPH
@@ -216,60 +235,52 @@ PLAIT_INLINE f32x16 cvti8_generic(const void *p) {
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
-/* AVX2: a 64-byte vector is two registers; the dot as two vpmaddwd per half (even and odd
- * bytes widened to 16 bits: exact, no saturation). */
-PLAIT_INLINE __m256i dp_half_avx2(__m256i acc, __m256i a, __m256i b) {
-    __m256i ae = _mm256_and_si256(a, _mm256_set1_epi16(0xff)), ao = _mm256_srli_epi16(a, 8);
-    __m256i be = _mm256_srai_epi16(_mm256_slli_epi16(b, 8), 8), bo = _mm256_srai_epi16(b, 8);
-    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(ae, be));
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(ao, bo));
+/* AVX2: eight rows of a block per 32-byte register (QMM_W 8). The 4-way dot as two vpmaddwd
+ * (even and odd bytes widened to 16 bits: exact for any code); for small codes (qmm_fold)
+ * vpmaddubsw, its int16 pairs summed and widened by vpmaddwd against ones. */
+PLAIT_INLINE i32x8 dp_avx2(i32x8 acc, u8x32 a, i8x32 b) {
+    const __m256i ai = (__m256i)a, bi = (__m256i)b;
+    __m256i ae = _mm256_and_si256(ai, _mm256_set1_epi16(0xff)), ao = _mm256_srli_epi16(ai, 8);
+    __m256i be = _mm256_srai_epi16(_mm256_slli_epi16(bi, 8), 8), bo = _mm256_srai_epi16(bi, 8);
+    __m256i s = _mm256_add_epi32(_mm256_madd_epi16(ae, be), _mm256_madd_epi16(ao, bo));
+    return (i32x8)_mm256_add_epi32((__m256i)acc, s);
 }
 
-PLAIT_INLINE i32x16 dp_avx2(i32x16 acc, u8x64 a, i8x64 b) {
-    __m256i c[2], x[2], y[2];
-    memcpy(c, &acc, 64);
-    memcpy(x, &a, 64);
-    memcpy(y, &b, 64);
-    c[0] = dp_half_avx2(c[0], x[0], y[0]);
-    c[1] = dp_half_avx2(c[1], x[1], y[1]);
-    memcpy(&acc, c, 64);
-    return acc;
+PLAIT_INLINE i16x16 dp16_avx2(u8x32 a, i8x32 b) {
+    return (i16x16)_mm256_maddubs_epi16((__m256i)a, (__m256i)b);
 }
 
-PLAIT_INLINE u8x64 lut_avx2(u8x64 v) {
-    __m256i t = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4_TABLE)), x[2];
-    memcpy(x, &v, 64);
-    x[0] = _mm256_shuffle_epi8(t, x[0]);
-    x[1] = _mm256_shuffle_epi8(t, x[1]);
-    memcpy(&v, x, 64);
-    return v;
+PLAIT_INLINE i32x8 widen_avx2(i32x8 acc, i16x16 s) {
+    return (i32x8)_mm256_add_epi32((__m256i)acc, _mm256_madd_epi16((__m256i)s, _mm256_set1_epi16(1)));
 }
 
-PLAIT_INLINE f32x16 cvtph_avx2(const uint16_t *p) {
-    __m256 h[2] = {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)),
-                   _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8)))};
-    f32x16 out;
-    memcpy(&out, h, 64);
-    return out;
+PLAIT_INLINE u8x32 lut_avx2(u8x32 v) {
+    __m256i t = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4_TABLE));
+    return (u8x32)_mm256_shuffle_epi8(t, (__m256i)v);
 }
 
-PLAIT_INLINE f32x16 cvti8_avx2(const void *p) {
-    __m128i b = _mm_loadu_si128((const __m128i *)p);
-    __m256 h[2] = {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)),
-                   _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)))};
-    f32x16 out;
-    memcpy(&out, h, 64);
-    return out;
+PLAIT_INLINE f32x8 cvtph_avx2(const uint16_t *p) {
+    return (f32x8)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+
+PLAIT_INLINE f32x8 cvti8_avx2(const void *p) {
+    return (f32x8)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }
 
 #define QMM_SFX _avx2
+#define QMM_W 8
 #define QMM_CVTI8 cvti8_avx2
 #define QMM_DP dp_avx2
+#define QMM_DP16 dp16_avx2
+#define QMM_WIDEN widen_avx2
 #define QMM_LUT lut_avx2
 #define QMM_CVTPH cvtph_avx2
 #include "qmm_tile.h"
 #undef QMM_SFX
+#undef QMM_W
 #undef QMM_DP
+#undef QMM_DP16
+#undef QMM_WIDEN
 #undef QMM_LUT
 #undef QMM_CVTPH
 #undef QMM_CVTI8
@@ -299,6 +310,7 @@ PLAIT_INLINE f32x16 cvti8_avx512(const void *p) {
 }
 
 #define QMM_SFX _avx512
+#define QMM_W 16
 #define QMM_CVTI8 cvti8_avx512
 #define QMM_DP dp_avx512
 #define QMM_LUT lut_avx512
@@ -327,6 +339,7 @@ PLAIT_INLINE i32x16 dp_vnni(i32x16 acc, u8x64 a, i8x64 b) {
 #include "qmm_tile.h"
 #undef QMM_SFX
 #undef QMM_AMX
+#undef QMM_W
 #undef QMM_DP
 #undef QMM_LUT
 #undef QMM_CVTPH
