@@ -9,11 +9,16 @@
  * Every path (one row, four, the AMX tiles) gets the same integers however it sums them, and
  * adds a super-block to tot through sk_add, so a row gets the same bits on any path. */
 
-/* QMM_W int8 -> QMM_W int32 lanes. */
+/* QMM_W int8 -> QMM_W int32 lanes (QMM_I8I32 where the ISA has it: GCC builds AVX2's
+ * conversion of eight bytes from scalars). */
 PLAIT_INLINE QV_I32 QF(load_i8)(const int8_t *p) {
+#ifdef QMM_I8I32
+    return QMM_I8I32(p);
+#else
     QV_I8N b;
     memcpy(&b, p, sizeof b);
     return __builtin_convertvector(b, QV_I32);
+#endif
 }
 
 /* Super-block u (of `supers` per row) of block blk's float scales, of its QMM_W rows from r0:
@@ -52,6 +57,52 @@ PLAIT_INLINE void QF(sk_sub)(QV_I32 h, QV_I32 l, int32_t sh, int32_t sl, int32_t
     *tl += s * (l - zero * sl);
 }
 
+/* One row of x's dots with a decoded group of a K form, with the group's sub-scales, into th,
+ * tl (sk_sub's integers): sc0, sc1 the sub-scales of its first and second 16 values (one
+ * pointer when sub = 32: one run), s the row's sums of hi and lo of each 16 (xi). With a
+ * 16-bit pair dot (qmm_fold) the int16 pair sums are widened against the sub-scales, each in
+ * both halves of its lane, so the sub-scale costs no multiply; the zero's term follows. */
+PLAIT_INLINE void QF(dots_k)(const int planes, const QV_U8 V[8], const int8_t *xg,
+                             const int32_t *s, int32_t zero, const int8_t *sc0,
+                             const int8_t *sc1, QV_I32 *th, QV_I32 *tl) {
+#ifdef QMM_DP16
+    const int fold = qmm_fold(planes);
+    if (fold > 0) {
+#pragma GCC unroll 2
+        for (int j = 0; j < 2; ++j) {
+            const QV_I32 sj = QF(load_i8)(j ? sc1 : sc0);
+            const QV_I16 w = (QV_I16)((sj & 0xffff) | (sj * 65536));
+            QV_I16 sh = {0}, sl = {0};
+#pragma GCC unroll 4
+            for (int t = 4 * j; t < 4 * j + 4; ++t) {
+                int32_t hi, lo;
+                memcpy(&hi, xg + 4 * t, sizeof hi);
+                memcpy(&lo, xg + 32 + 4 * t, sizeof lo);
+                sh += QMM_DP16(V[t], (QV_I8)((QV_I32){} + hi));
+                sl += QMM_DP16(V[t], (QV_I8)((QV_I32){} + lo));
+                if ((t + 1) % fold == 0) {
+                    *th = QMM_MADD16(*th, sh, w);
+                    *tl = QMM_MADD16(*tl, sl, w);
+                    sh = sl = (QV_I16){0};
+                }
+            }
+            if (zero != 0) {
+                *th -= sj * (zero * s[2 * j]);
+                *tl -= sj * (zero * s[2 * j + 1]);
+            }
+        }
+        return;
+    }
+#endif
+    QV_I32 h[2], l[2];
+    QF(dots)(planes, V, xg, h, l);
+    if (sc0 == sc1)
+        QF(sk_sub)(h[0] + h[1], l[0] + l[1], s[0] + s[2], s[1] + s[3], zero, sc0, th, tl);
+    else
+        for (int j = 0; j < 2; ++j)
+            QF(sk_sub)(h[j], l[j], s[2 * j], s[2 * j + 1], zero, j ? sc1 : sc0, th, tl);
+}
+
 /* One row of x (row i0) against one block of a K form: row1's dots, summed per super-block in
  * integers (sk_sub) and added to the output once per super-block (sk_add); a group's parts of
  * QMM_W rows one after the other, as row1's. */
@@ -74,17 +125,11 @@ PLAIT_INLINE void QF(row1k)(const int planes, const int SUBS, const plait_qpart_
         const int32_t *s = xi + 4 * g; /* sum(hi), sum(lo) of each 16 */
         for (int hf = 0; hf < parts; ++hf) {
             const int r0 = QMM_W * hf;
+            const int8_t *sg = sc + 16 * SUBS * g + r0;
             QV_U8 V[8];
             QF(decode)(planes, cp + 4 * r0, V);
-            QV_I32 h[2], l[2];
-            QF(dots)(planes, V, x + 64 * g, h, l);
-            if (SUBS == 1)
-                QF(sk_sub)(h[0] + h[1], l[0] + l[1], s[0] + s[2], s[1] + s[3], p->zero,
-                           sc + 16 * g + r0, &th[hf], &tl[hf]);
-            else
-                for (int j = 0; j < 2; ++j)
-                    QF(sk_sub)(h[j], l[j], s[2 * j], s[2 * j + 1], p->zero,
-                               sc + 16 * (2 * g + j) + r0, &th[hf], &tl[hf]);
+            QF(dots_k)(planes, V, x + 64 * g, s, p->zero, sg, sg + 16 * (SUBS - 1), &th[hf],
+                       &tl[hf]);
             if ((g & 7) == 7) {
                 const int64_t u = g >> 3;
                 QV_F32 d, zv[16];
@@ -115,20 +160,13 @@ PLAIT_INLINE void QF(tile4k)(const int planes, const plait_qpart_t *p, const qmm
             if (r0 == 0)
                 for (int64_t line = 0; line < gbytes; line += 64)
                     __builtin_prefetch(cp + PF_DIST + line, 0, 3);
+            const int8_t *sg = sc + 16 * subs * g + r0;
             QV_U8 V[8];
             QF(decode)(planes, cp + 4 * r0, V);
             for (int i = 0; i < 4; ++i) {
                 const int8_t *xg = a->xq + (i0 + i) * 2 * a->k + 64 * g; /* hi, then lo */
                 const int32_t *s = a->xi + (i0 + i) * 4 * gc + 4 * g;
-                QV_I32 h[2], l[2];
-                QF(dots)(planes, V, xg, h, l);
-                if (subs == 1)
-                    QF(sk_sub)(h[0] + h[1], l[0] + l[1], s[0] + s[2], s[1] + s[3], p->zero,
-                               sc + 16 * g + r0, &th[i], &tl[i]);
-                else
-                    for (int j = 0; j < 2; ++j)
-                        QF(sk_sub)(h[j], l[j], s[2 * j], s[2 * j + 1], p->zero,
-                                   sc + 16 * (2 * g + j) + r0, &th[i], &tl[i]);
+                QF(dots_k)(planes, V, xg, s, p->zero, sg, sg + 16 * (subs - 1), &th[i], &tl[i]);
             }
             if ((g & 7) == 7) {
                 const int64_t u = g >> 3;

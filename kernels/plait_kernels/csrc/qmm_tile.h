@@ -116,8 +116,8 @@ PLAIT_INLINE void QF(store_lanes)(float *out, const QV_F32 *v, int rows, int r0)
 
 /* One row of x's dots with a decoded group (x's group: 32 bytes hi, then 32 lo): h[0], l[0]
  * the sums of hi and lo over its first 16 values, h[1], l[1] over its second 16, exact. Where
- * the ISA has a 16-bit pair dot (QMM_DP16, u8 x s8 pairs summed in int16 lanes, and QMM_WIDEN,
- * int16 pairs added to int32 lanes: AVX2's vpmaddubsw and vpmaddwd) and the codes are small
+ * the ISA has a 16-bit pair dot (QMM_DP16, u8 x s8 pairs summed in int16 lanes, and QMM_MADD16,
+ * int16 pairs times int16 weights added to int32 lanes: AVX2's vpmaddubsw and vpmaddwd) and the codes are small
  * enough (qmm_fold), qmm_fold(planes) V[t]'s pair sums add in int16 before one widening: the
  * same integers in fewer instructions. */
 PLAIT_INLINE void QF(dots)(const int planes, const QV_U8 V[8], const int8_t *xg, QV_I32 h[2],
@@ -126,6 +126,7 @@ PLAIT_INLINE void QF(dots)(const int planes, const QV_U8 V[8], const int8_t *xg,
 #ifdef QMM_DP16
     const int fold = qmm_fold(planes);
     if (fold > 0) {
+        const QV_I16 ones = (QV_I16){} + 1;
 #pragma GCC unroll 2
         for (int j = 0; j < 2; ++j) {
             QV_I16 sh = {0}, sl = {0};
@@ -137,8 +138,8 @@ PLAIT_INLINE void QF(dots)(const int planes, const QV_U8 V[8], const int8_t *xg,
                 sh += QMM_DP16(V[t], (QV_I8)((QV_I32){} + hi));
                 sl += QMM_DP16(V[t], (QV_I8)((QV_I32){} + lo));
                 if ((t + 1) % fold == 0) {
-                    h[j] = QMM_WIDEN(h[j], sh);
-                    l[j] = QMM_WIDEN(l[j], sl);
+                    h[j] = QMM_MADD16(h[j], sh, ones);
+                    l[j] = QMM_MADD16(l[j], sl, ones);
                     sh = sl = (QV_I16){0};
                 }
             }

@@ -237,7 +237,8 @@ PLAIT_INLINE f32x16 cvti8_generic(const void *p) {
 #pragma GCC target("avx2,fma,f16c")
 /* AVX2: eight rows of a block per 32-byte register (QMM_W 8). The 4-way dot as two vpmaddwd
  * (even and odd bytes widened to 16 bits: exact for any code); for small codes (qmm_fold)
- * vpmaddubsw, its int16 pairs summed and widened by vpmaddwd against ones. */
+ * vpmaddubsw, its int16 pairs summed and widened by vpmaddwd (against ones, or a K form's
+ * sub-scales). */
 PLAIT_INLINE i32x8 dp_avx2(i32x8 acc, u8x32 a, i8x32 b) {
     const __m256i ai = (__m256i)a, bi = (__m256i)b;
     __m256i ae = _mm256_and_si256(ai, _mm256_set1_epi16(0xff)), ao = _mm256_srli_epi16(ai, 8);
@@ -250,8 +251,8 @@ PLAIT_INLINE i16x16 dp16_avx2(u8x32 a, i8x32 b) {
     return (i16x16)_mm256_maddubs_epi16((__m256i)a, (__m256i)b);
 }
 
-PLAIT_INLINE i32x8 widen_avx2(i32x8 acc, i16x16 s) {
-    return (i32x8)_mm256_add_epi32((__m256i)acc, _mm256_madd_epi16((__m256i)s, _mm256_set1_epi16(1)));
+PLAIT_INLINE i32x8 madd16_avx2(i32x8 acc, i16x16 a, i16x16 b) {
+    return (i32x8)_mm256_add_epi32((__m256i)acc, _mm256_madd_epi16((__m256i)a, (__m256i)b));
 }
 
 PLAIT_INLINE u8x32 lut_avx2(u8x32 v) {
@@ -263,8 +264,12 @@ PLAIT_INLINE f32x8 cvtph_avx2(const uint16_t *p) {
     return (f32x8)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
 }
 
+PLAIT_INLINE i32x8 i8i32_avx2(const int8_t *p) {
+    return (i32x8)_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p));
+}
+
 PLAIT_INLINE f32x8 cvti8_avx2(const void *p) {
-    return (f32x8)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+    return __builtin_convertvector(i8i32_avx2((const int8_t *)p), f32x8);
 }
 
 #define QMM_SFX _avx2
@@ -272,7 +277,8 @@ PLAIT_INLINE f32x8 cvti8_avx2(const void *p) {
 #define QMM_CVTI8 cvti8_avx2
 #define QMM_DP dp_avx2
 #define QMM_DP16 dp16_avx2
-#define QMM_WIDEN widen_avx2
+#define QMM_MADD16 madd16_avx2
+#define QMM_I8I32 i8i32_avx2
 #define QMM_LUT lut_avx2
 #define QMM_CVTPH cvtph_avx2
 #include "qmm_tile.h"
@@ -280,7 +286,8 @@ PLAIT_INLINE f32x8 cvti8_avx2(const void *p) {
 #undef QMM_W
 #undef QMM_DP
 #undef QMM_DP16
-#undef QMM_WIDEN
+#undef QMM_MADD16
+#undef QMM_I8I32
 #undef QMM_LUT
 #undef QMM_CVTPH
 #undef QMM_CVTI8
