@@ -36,6 +36,7 @@ _ELEMENT_TYPES: dict[GGMLQuantizationType, type[np.generic]] = {
     GGMLQuantizationType.I64: np.int64,
 }  # fmt: skip
 DEFAULT_ALIGNMENT = 32
+_LENGTH = struct.Struct("<Q")  # a string's byte count
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,22 @@ class GGUFFile:
             values = np.frombuffer(self._buf[self._pos : end], dtype=dtype).tolist()
             self._pos = end
             return list(values)
+        if kind == GGUFValueType.STRING:
+            return self._strings(count)
         return [self._value(kind) for _ in range(count)]
+
+    def _strings(self, count: int) -> list[str]:
+        """`count` strings in a row (a vocabulary, its merges): `_string`'s reading, in one
+        loop with no call per string but the decode (a 49,152-token vocabulary and its merges
+        took 0.3 s a file through `_value`)."""
+        buf, pos, out = self._buf, self._pos, []
+        for _ in range(count):
+            (size,) = _LENGTH.unpack_from(buf, pos)
+            pos += 8
+            out.append(bytes(buf[pos : pos + size]).decode("utf-8", errors="replace"))
+            pos += size
+        self._pos = pos
+        return out
 
     def _tensor_info(self) -> tuple[str, tuple[int, ...], GGMLQuantizationType, int]:
         name = self._string()
