@@ -61,7 +61,7 @@ def test_every_kind_packs_exactly_at_its_file_size(kind: str) -> None:
 @pytest.mark.parametrize("kind", QUANT_KINDS)
 @pytest.mark.parametrize("m", [1, 3, 16, 37])
 def test_kernel_every_isa_within_bound(kind: str, m: int) -> None:
-    n, k = 40, 512
+    n, k = 45, 512  # a last block of 13 rows: on AVX2 its second part of 8 is short
     raw = raw_rows(kind, n, k, seed=m)
     w = NativeWeight.from_gguf(kind, raw)
     dense = w.dequantize()

@@ -104,7 +104,7 @@ PLAIT_INLINE void QF(dots_k)(const int planes, const QV_U8 V[8], const int8_t *x
 }
 
 /* One row of x (row i0) against one block of a K form: row1's dots, summed per super-block in
- * integers (sk_sub) and added to the output once per super-block (sk_add); a group's parts of
+ * integers (dots_k) and added to the output once per super-block (sk_add); a group's parts of
  * QMM_W rows one after the other, as row1's. */
 PLAIT_INLINE void QF(row1k)(const int planes, const int SUBS, const plait_qpart_t *p,
                             const qmm_act_t *a, int64_t i0, int64_t blk, float *out, int rows) {

@@ -1,12 +1,15 @@
 /* The quantized matmul's inner loops, compiled once per instruction set: quant_matmul_cpu.c
- * includes this file under `#pragma GCC target(...)` with QMM_SFX (a name suffix), QMM_DP
- * (acc += 4-way dot of u8 codes and s8 x per 32-bit lane), QMM_LUT (16-entry byte table),
- * QMM_CVTPH (16 fp16 -> f32x16) and QMM_CVTI8 (16 int8 -> f32x16) defined. The vectors are GCC vector types, so one text serves
- * AVX-512 (one register each), AVX2 (two) and plain C.
+ * includes this file under `#pragma GCC target(...)` with QMM_SFX (a name suffix), QMM_W (the
+ * vectors' lanes, 16 or 8: below), QMM_DP (acc += 4-way dot of u8 codes and s8 x per 32-bit
+ * lane), QMM_LUT (16-entry byte table), QMM_CVTPH (QMM_W fp16 -> floats) and QMM_CVTI8
+ * (QMM_W int8 -> floats) defined, and optionally QMM_DP16 and QMM_MADD16 (a 16-bit pair dot,
+ * `dots`) and QMM_I8I32 (int8 -> int32 lanes). The vectors are GCC vector types, so one text
+ * serves AVX-512 (one register each), AVX2 (eight rows a vector) and plain C.
  *
  * Native layout of a part, per block of 16 rows and group of 32 values along k (k0 = 32 g):
- * the group's code planes, GROUP_BYTES(planes) bytes, decoded into eight u8x64 vectors V[t]
- * whose 32-bit lane r holds the codes of row r at k0 + 4t .. k0 + 4t + 3 (byte order):
+ * the group's code planes, GROUP_BYTES(planes) bytes, decoded into eight vectors V[t] whose
+ * 32-bit lane r holds the codes of row r (of the block's rows r0 .. r0 + QMM_W) at
+ * k0 + 4t .. k0 + 4t + 3 (byte order):
  *   P4   4 chunks of 64 bytes; byte 4r + b of chunk c: low nibble k0 + 8c + b, high nibble
  *        k0 + 8c + 4 + b (codes 0..15). IQ4: the same nibbles index the IQ4_NL codebook,
  *        stored + 128.
