@@ -71,21 +71,7 @@ PLAIT_INLINE void QF(dots_k)(const int planes, const QV_U8 V[8], const int8_t *x
 #pragma GCC unroll 2
         for (int j = 0; j < 2; ++j) {
             const QV_I32 sj = QF(load_i8)(j ? sc1 : sc0);
-            const QV_I16 w = (QV_I16)((sj & 0xffff) | (sj * 65536));
-            QV_I16 sh = {0}, sl = {0};
-#pragma GCC unroll 4
-            for (int t = 4 * j; t < 4 * j + 4; ++t) {
-                int32_t hi, lo;
-                memcpy(&hi, xg + 4 * t, sizeof hi);
-                memcpy(&lo, xg + 32 + 4 * t, sizeof lo);
-                sh += QMM_DP16(V[t], (QV_I8)((QV_I32){} + hi));
-                sl += QMM_DP16(V[t], (QV_I8)((QV_I32){} + lo));
-                if ((t + 1) % fold == 0) {
-                    *th = QMM_MADD16(*th, sh, w);
-                    *tl = QMM_MADD16(*tl, sl, w);
-                    sh = sl = (QV_I16){0};
-                }
-            }
+            QF(dots16)(fold, V, xg, j, (QV_I16)((sj & 0xffff) | (sj * 65536)), th, tl);
             if (zero != 0) {
                 *th -= sj * (zero * s[2 * j]);
                 *tl -= sj * (zero * s[2 * j + 1]);

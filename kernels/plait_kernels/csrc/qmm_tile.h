@@ -117,6 +117,30 @@ PLAIT_INLINE void QF(store_lanes)(float *out, const QV_F32 *v, int rows, int r0)
         memcpy(out + r0, v, sizeof(float) * (size_t)n);
 }
 
+#ifdef QMM_DP16
+/* Half j of a group (its V[4j .. 4j + 4), 16 values) against one row of x's hi and lo bytes
+ * through the 16-bit pair dot: `fold` V[t]'s pair sums add in int16, then QMM_MADD16 adds them
+ * times the int16 weights w (ones, or a K form's sub-scales in both halves of a lane) to *h
+ * and *l. Exact while qmm_fold(planes) bounds the int16 sums (qmm_fold). */
+PLAIT_INLINE void QF(dots16)(const int fold, const QV_U8 V[8], const int8_t *xg, int j,
+                             QV_I16 w, QV_I32 *h, QV_I32 *l) {
+    QV_I16 sh = {0}, sl = {0};
+#pragma GCC unroll 4
+    for (int t = 4 * j; t < 4 * j + 4; ++t) {
+        int32_t hi, lo;
+        memcpy(&hi, xg + 4 * t, sizeof hi);
+        memcpy(&lo, xg + 32 + 4 * t, sizeof lo);
+        sh += QMM_DP16(V[t], (QV_I8)((QV_I32){} + hi));
+        sl += QMM_DP16(V[t], (QV_I8)((QV_I32){} + lo));
+        if ((t + 1) % fold == 0) {
+            *h = QMM_MADD16(*h, sh, w);
+            *l = QMM_MADD16(*l, sl, w);
+            sh = sl = (QV_I16){0};
+        }
+    }
+}
+#endif
+
 /* One row of x's dots with a decoded group (x's group: 32 bytes hi, then 32 lo): h[0], l[0]
  * the sums of hi and lo over its first 16 values, h[1], l[1] over its second 16, exact. Where
  * the ISA has a 16-bit pair dot (QMM_DP16, u8 x s8 pairs summed in int16 lanes, and QMM_MADD16,
@@ -129,24 +153,8 @@ PLAIT_INLINE void QF(dots)(const int planes, const QV_U8 V[8], const int8_t *xg,
 #ifdef QMM_DP16
     const int fold = qmm_fold(planes);
     if (fold > 0) {
-        const QV_I16 ones = (QV_I16){} + 1;
-#pragma GCC unroll 2
-        for (int j = 0; j < 2; ++j) {
-            QV_I16 sh = {0}, sl = {0};
-#pragma GCC unroll 4
-            for (int t = 4 * j; t < 4 * j + 4; ++t) {
-                int32_t hi, lo;
-                memcpy(&hi, xg + 4 * t, sizeof hi);
-                memcpy(&lo, xg + 32 + 4 * t, sizeof lo);
-                sh += QMM_DP16(V[t], (QV_I8)((QV_I32){} + hi));
-                sl += QMM_DP16(V[t], (QV_I8)((QV_I32){} + lo));
-                if ((t + 1) % fold == 0) {
-                    h[j] = QMM_MADD16(h[j], sh, ones);
-                    l[j] = QMM_MADD16(l[j], sl, ones);
-                    sh = sl = (QV_I16){0};
-                }
-            }
-        }
+        QF(dots16)(fold, V, xg, 0, (QV_I16){} + 1, &h[0], &l[0]);
+        QF(dots16)(fold, V, xg, 1, (QV_I16){} + 1, &h[1], &l[1]);
         return;
     }
 #endif
