@@ -78,6 +78,34 @@ def test_kernel_every_isa_within_bound(kind: str, m: int) -> None:
     assert all(torch.equal(outs[0], o) for o in outs)  # the ISAs agree bit for bit
 
 
+def test_the_widest_codes_against_the_widest_bytes_of_x_are_exact() -> None:
+    """Q8_0 codes of -128 and 127 (the signed pair dot's extremes: |code - 128| = 128) against
+    x whose bytes reach +-127 (values just past half a step, where lo is clamped): every ISA
+    within the bound and bit for bit the same."""
+    n, k = 21, 256
+    rng = np.random.default_rng(9)
+    codes = rng.choice(np.array([-128, 127, -127, 0], dtype=np.int8), size=(n, k // 32, 32))
+    d = np.full((n, k // 32, 1), 0.5, dtype=np.float16).view(np.uint8)
+    raw = np.concatenate([d, codes.view(np.uint8)], axis=2).reshape(n, -1)
+    w = NativeWeight.from_gguf("Q8_0", raw)
+    dense = w.dequantize()
+    assert float(dense.min()) == -64.0
+    x = torch.full((4, k), -126.499)
+    x[0, ::32] = 127.0  # hi -126, lo -128 clamped to -127 around each group's maximum
+    x[1] = -x[0]
+    x[2, 1::2] = 127.0
+    x[3] = torch.linspace(-127, 127, k)
+    exact = x.double() @ dense.double().T
+    bound = native_bound(x, dense, terms(dense, "Q8_0", raw, k))
+    outs = [qn.native_quant_linear(x, w, isa=isa) for isa in ISAS]
+    for isa, out in zip(ISAS, outs, strict=True):
+        assert out is not None
+        assert bool(((out.double() - exact).abs() <= bound).all()), isa
+    assert all(torch.equal(outs[0], o) for o in outs)
+    rows = [qn.native_quant_linear(x[i : i + 1], w) for i in range(4)]
+    assert torch.equal(torch.cat([r for r in rows if r is not None]), outs[-1])
+
+
 def test_parts_of_different_kinds_stack_and_run_once() -> None:
     """q, k, v of Q4_K, Q4_K, Q6_K (llama.cpp's Q4_K_M): Q4_K parts join, Q6_K stays its own,
     nothing is widened; the product equals the parts' products."""

@@ -4,7 +4,7 @@
 /* ---- K forms (SK): a super-block's sums in integers --------------------------------------
  * x shares one dx per 256 values (quantize_row's span), so within a super-block the integer
  * sub-scales fold into the sums: th = sum_j sc_j sum_{k in j} hi_k (code_k - zero) and tl the
- * same of lo (exact in int32: |hi| <= 127, |lo| <= 128, |sc (code - zero)| <= 4096, 256
+ * same of lo (exact in int32: |hi|, |lo| <= 127, |sc (code - zero)| <= 4096, 256
  * values).
  * Every path (one row, four, the AMX tiles) gets the same integers however it sums them, and
  * adds a super-block to tot through sk_add, so a row gets the same bits on any path. */
@@ -81,7 +81,7 @@ PLAIT_INLINE void QF(dots_k)(const int planes, const QV_U8 V[8], const int8_t *x
     }
 #endif
     QV_I32 h[2], l[2];
-    QF(dots)(planes, V, xg, h, l);
+    QF(dots)(planes, V, xg, s, h, l);
     if (sc0 == sc1)
         QF(sk_sub)(h[0] + h[1], l[0] + l[1], s[0] + s[2], s[1] + s[3], zero, sc0, th, tl);
     else

@@ -3,8 +3,9 @@
  * vectors' lanes, 16 or 8: below), QMM_DP (acc += 4-way dot of u8 codes and s8 x per 32-bit
  * lane), QMM_LUT (16-entry byte table), QMM_CVTPH (QMM_W fp16 -> floats) and QMM_CVTI8
  * (QMM_W int8 -> floats) defined, and optionally QMM_DP16 and QMM_MADD16 (a 16-bit pair dot,
- * `dots`) and QMM_I8I32 (int8 -> int32 lanes). The vectors are GCC vector types, so one text
- * serves AVX-512 (one register each), AVX2 (eight rows a vector) and plain C.
+ * `dots`), QMM_DPS (its signed form, `dots_signed`) and QMM_I8I32 (int8 -> int32 lanes). The
+ * vectors are GCC vector types, so one text serves AVX-512 (one register each), AVX2 (eight
+ * rows a vector) and plain C.
  *
  * Native layout of a part, per block of 16 rows and group of 32 values along k (k0 = 32 g):
  * the group's code planes, GROUP_BYTES(planes) bytes, decoded into eight vectors V[t] whose
@@ -141,14 +142,39 @@ PLAIT_INLINE void QF(dots16)(const int fold, const QV_U8 V[8], const int8_t *xg,
 }
 #endif
 
-/* One row of x's dots with a decoded group (x's group: 32 bytes hi, then 32 lo): h[0], l[0]
- * the sums of hi and lo over its first 16 values, h[1], l[1] over its second 16, exact. Where
- * the ISA has a 16-bit pair dot (QMM_DP16, u8 x s8 pairs summed in int16 lanes, and QMM_MADD16,
- * int16 pairs times int16 weights added to int32 lanes: AVX2's vpmaddubsw and vpmaddwd) and the codes are small
- * enough (qmm_fold), qmm_fold(planes) V[t]'s pair sums add in int16 before one widening: the
- * same integers in fewer instructions. */
-PLAIT_INLINE void QF(dots)(const int planes, const QV_U8 V[8], const int8_t *xg, QV_I32 h[2],
-                           QV_I32 l[2]) {
+#ifdef QMM_DPS
+/* A group whose codes reach 255 (fold 0: P8, IQ4) against one row of x through the signed
+ * 16-bit pair dot: QMM_DPS(V, xb) sums pairs of (code - 128) xb in int16 (AVX2: vpmaddubsw of
+ * |code - 128| and xb with the sign of code - 128, vpsignb; a pair is within 2 * 128 * 127,
+ * as neither of x's bytes is -128), each widened alone (QMM_MADD16 against ones); then
+ * 128 sum(x) of each 16 (s: the row's sums of hi and lo, xi) gives the codes' sums. */
+PLAIT_INLINE void QF(dots_signed)(const QV_U8 V[8], const int8_t *xg, const int32_t *s,
+                                  QV_I32 h[2], QV_I32 l[2]) {
+    const QV_I16 one = (QV_I16){} + 1;
+#pragma GCC unroll 8
+    for (int t = 0; t < 8; ++t) {
+        int32_t hi, lo;
+        memcpy(&hi, xg + 4 * t, sizeof hi);
+        memcpy(&lo, xg + 32 + 4 * t, sizeof lo);
+        h[t / 4] = QMM_MADD16(h[t / 4], QMM_DPS(V[t], (QV_I8)((QV_I32){} + hi)), one);
+        l[t / 4] = QMM_MADD16(l[t / 4], QMM_DPS(V[t], (QV_I8)((QV_I32){} + lo)), one);
+    }
+    for (int j = 0; j < 2; ++j) {
+        h[j] += 128 * s[2 * j];
+        l[j] += 128 * s[2 * j + 1];
+    }
+}
+#endif
+
+/* One row of x's dots with a decoded group (x's group: 32 bytes hi, then 32 lo; s: the row's
+ * sums of hi and lo of each 16, xi): h[0], l[0] the sums of hi and lo over its first 16
+ * values, h[1], l[1] over its second 16, exact. Where the ISA has a 16-bit pair dot (QMM_DP16,
+ * u8 x s8 pairs summed in int16 lanes, and QMM_MADD16, int16 pairs times int16 weights added
+ * to int32 lanes: AVX2's vpmaddubsw and vpmaddwd) and the codes are small enough (qmm_fold),
+ * qmm_fold(planes) V[t]'s pair sums add in int16 before one widening; larger codes take the
+ * signed pair dot where there is one (dots_signed): the same integers in fewer instructions. */
+PLAIT_INLINE void QF(dots)(const int planes, const QV_U8 V[8], const int8_t *xg,
+                           const int32_t *s, QV_I32 h[2], QV_I32 l[2]) {
     h[0] = h[1] = l[0] = l[1] = (QV_I32){0};
 #ifdef QMM_DP16
     const int fold = qmm_fold(planes);
@@ -158,7 +184,12 @@ PLAIT_INLINE void QF(dots)(const int planes, const QV_U8 V[8], const int8_t *xg,
         return;
     }
 #endif
+#ifdef QMM_DPS
+    QF(dots_signed)(V, xg, s, h, l);
+    return;
+#endif
     (void)planes;
+    (void)s;
 #pragma GCC unroll 8
     for (int t = 0; t < 8; ++t) {
         int32_t hi, lo;
@@ -240,7 +271,7 @@ PLAIT_INLINE void QF(tile4)(const int planes, const plait_qpart_t *p, const qmm_
                 const int8_t *xg = a->xq + (i0 + i) * 2 * a->k + 64 * g; /* hi, then lo */
                 /* the first and second 16 values' sums (sub-blocks when sub = 16) */
                 QV_I32 h[2], l[2];
-                QF(dots)(planes, V, xg, h, l);
+                QF(dots)(planes, V, xg, a->xi + ((i0 + i) * gc + g) * 4, h, l);
                 const float dx = a->dx[(i0 + i) * gc + g];
                 const float *xs = a->xs + (i0 + i) * 2 * gc + 2 * g; /* sum(xq) * dx per 16 */
                 if (subs == 1) {
@@ -284,7 +315,7 @@ PLAIT_INLINE void QF(row1)(const int planes, const int SUBS, const plait_qpart_t
             QV_U8 V[8];
             QF(decode)(planes, cp + 4 * QMM_W * hf, V);
             QV_I32 h[2], l[2];
-            QF(dots)(planes, V, x + 64 * g, h, l);
+            QF(dots)(planes, V, x + 64 * g, a->xi + (i0 * gc + g) * 4, h, l);
             for (int j = 0; j < SUBS; ++j) {
                 QV_F32 sv, zv;
                 QF(run_scales)(p, a->k, blk, SUBS, g * SUBS + j, QMM_W * hf, &d[hf], &dmin[hf],

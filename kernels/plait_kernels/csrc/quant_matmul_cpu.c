@@ -79,8 +79,8 @@ PLAIT_INLINE int64_t qmm_group_bytes(int planes) {
 }
 
 /* How many of a group's V[t] (of one half, t in 4j .. 4j + 3) a 16-bit pair dot may sum
- * before its int16 lanes are widened: a pair of codes below c against x's bytes (|hi| <= 127,
- * |lo| <= 128) sums to at most 2 * 128 (c - 1), and n pairs must stay within 32767. 0 where one
+ * before its int16 lanes are widened: a pair of codes below c against x's bytes (both within
+ * +-127) sums to at most 2 * 127 (c - 1), and n pairs must stay within 32767. 0 where one
  * pair may not (P8 and IQ4's codes reach 255 and 241). */
 PLAIT_INLINE int qmm_fold(int planes) {
     static const int fold[] = {4, 0, 4, 2, 4, 4, 0}; /* codes below 16, 256, 32, 64, 4, 8, 242 */
@@ -93,7 +93,7 @@ PLAIT_INLINE int64_t qmm_scale_bytes(int form) { return form == QMM_SF32 ? 4 : f
 
 /* One row, per group of 32: x / dx = hi + lo / 256 with dx = max|x| / 127 over the group's
  * `span` (32, or the 256 of a K-quant super-block, whose sums then add up in integers),
- * hi = round(x / dx) and lo = round(256 * (x / dx - hi)) (clamped to 127), so x is known to
+ * hi = round(x / dx) and lo = round(256 * (x / dx - hi)) (clamped to +-127), so x is known to
  * within dx / 512 (as well as int16 would hold it) while each part is a byte the VNNI dot
  * takes. xq holds hi then lo per group (64 bytes); dx is stored / 256; xs per 16 is
  * (256 * sum(hi) + sum(lo)) * dx and xi per 16 sum(hi), sum(lo). A span holding inf or nan gets
@@ -125,7 +125,7 @@ PLAIT_INLINE void quantize_row(const float *x, int64_t k, int64_t span, int8_t *
                 int q = (int)(r + (r >= 0.0f ? 0.5f : -0.5f));
                 float f = (r - (float)q) * 256.0f;
                 int l = (int)(f + (f >= 0.0f ? 0.5f : -0.5f));
-                l = l > 127 ? 127 : l;
+                l = l > 127 ? 127 : l < -127 ? -127 : l;
                 hi[i] = (int8_t)q;
                 lo[i] = (int8_t)l;
                 sh += q;
@@ -251,6 +251,13 @@ PLAIT_INLINE i16x16 dp16_avx2(u8x32 a, i8x32 b) {
     return (i16x16)_mm256_maddubs_epi16((__m256i)a, (__m256i)b);
 }
 
+/* (c - 128) x pairs summed in int16 for codes c up to 255: |c - 128| against x with the sign
+ * of c - 128 (dots_signed; exact as x's bytes are within +-127). */
+PLAIT_INLINE i16x16 dps_avx2(u8x32 c, i8x32 x) {
+    const __m256i w = _mm256_xor_si256((__m256i)c, _mm256_set1_epi8((char)0x80));
+    return (i16x16)_mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8((__m256i)x, w));
+}
+
 PLAIT_INLINE i32x8 madd16_avx2(i32x8 acc, i16x16 a, i16x16 b) {
     return (i32x8)_mm256_add_epi32((__m256i)acc, _mm256_madd_epi16((__m256i)a, (__m256i)b));
 }
@@ -277,6 +284,7 @@ PLAIT_INLINE f32x8 cvti8_avx2(const void *p) {
 #define QMM_CVTI8 cvti8_avx2
 #define QMM_DP dp_avx2
 #define QMM_DP16 dp16_avx2
+#define QMM_DPS dps_avx2
 #define QMM_MADD16 madd16_avx2
 #define QMM_I8I32 i8i32_avx2
 #define QMM_LUT lut_avx2
@@ -286,6 +294,7 @@ PLAIT_INLINE f32x8 cvti8_avx2(const void *p) {
 #undef QMM_W
 #undef QMM_DP
 #undef QMM_DP16
+#undef QMM_DPS
 #undef QMM_MADD16
 #undef QMM_I8I32
 #undef QMM_LUT
