@@ -201,8 +201,9 @@ def test_shared_prefix_with_empty_suffixes_and_many_groups(cpu_path: str) -> Non
 @pytest.mark.parametrize(
     ("hq", "hkv", "d"),
     [(8, 4, 64), (6, 3, 80), (16, 2, 128), (4, 1, 256), (9, 3, 48), (4, 2, 72), (2, 1, 272)],
-)  # on AVX-512, fp32 d in 16..256 by 16 takes the vector path (64 and 128 specialized, 48, 80
-# and 256 the general branch); 72 and 272 the scalar loops, as bf16 always does
+)  # fp32 d in 16..256 by 16 takes the 16-lane vector path on AVX-512 (64 and 128 specialized,
+# 48, 80 and 256 the general branch), d in 8..256 by 8 the 8-lane one on AVX2 (72 too); 272 the
+# scalar loops, as bf16 always does
 @pytest.mark.parametrize("softcap", [None, 0.5])
 def test_native_matches_naive(
     dtype: torch.dtype, hq: int, hkv: int, d: int, softcap: float | None
