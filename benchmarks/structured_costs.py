@@ -19,6 +19,7 @@ import torch
 
 from plait.backend.engine.engine import Engine
 from plait.backend.engine.inprocess import InProcessRuntime
+from plait.backend.grammar import OnDemandGrammar
 from plait.backend.grammar.backend import GrammarBackend
 from plait.backend.grammar.compiler import CompiledConstraint, Compilers, compile_key
 from plait.backend.grammar.errors import GrammarError
@@ -41,8 +42,10 @@ def summary(values: Sequence[float]) -> dict[str, float]:
 def hooks_of(engine: Engine) -> GrammarBackend:
     assert isinstance(engine.runtime, InProcessRuntime), "the benchmark runs in-process"
     hooks = engine.runtime.scheduler.grammar
-    assert isinstance(hooks, GrammarBackend)
-    return hooks
+    assert isinstance(hooks, OnDemandGrammar)
+    backend = hooks.backend()
+    assert isinstance(backend, GrammarBackend)
+    return backend
 
 
 def engine_fill_us(engine: Engine) -> dict[str, dict[str, float]]:

@@ -14,6 +14,7 @@ import torch
 
 from helpers import greedy, tiny_engine
 from plait.backend.engine.engine import Engine, GenerationError
+from plait.backend.grammar import OnDemandGrammar
 from plait.backend.model.forward_batch import ForwardBatch
 from plait.backend.request.req import Req
 from plait.backend.request.sampling_params import SamplingParams
@@ -136,10 +137,12 @@ def test_grammar_and_output_faults_fail_only_their_request(
 def test_a_failing_batch_mask_fill_is_redone_row_by_row(
     engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    grammar = scheduler(engine).grammar
+    hooks = scheduler(engine).grammar
+    assert isinstance(hooks, OnDemandGrammar)
+    grammar = hooks.backend()
     sp = [params(regex="[a-z]{4,40}"), params(regex="[0-9]{3,30}")]
     expected = [alone(engine, ids, p) for ids, p in zip(VICTIMS, sp, strict=False)]
-    filler = grammar.filler  # type: ignore[union-attr]
+    filler = grammar.filler  # type: ignore[attr-defined]
 
     class Broken:
         def batch_fill_next_token_bitmask(self, *args: Any) -> None:

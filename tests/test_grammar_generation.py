@@ -39,6 +39,7 @@ from pydantic import BaseModel
 
 from helpers import tiny_engine
 from plait.backend.engine.engine import Engine, GenerationError
+from plait.backend.grammar import OnDemandGrammar
 from plait.backend.grammar.compiler import GrammarError
 from plait.backend.grammar.layout import DEFAULT_LAYOUT
 
@@ -518,7 +519,9 @@ def test_streamed_increments_are_never_taken_back_by_retokenization(
 ) -> None:
     schema = {"type": "array", "items": {"enum": ["alpha_beta_gamma", "alpha_delta", "omega"]},
               "minItems": 3, "maxItems": 3}  # fmt: skip
-    retokenizer = engine.runtime.scheduler.grammar.rewriter.retokenizer  # type: ignore[union-attr]
+    hooks = engine.runtime.scheduler.grammar  # type: ignore[union-attr]
+    assert isinstance(hooks, OnDemandGrammar)
+    retokenizer = hooks.backend().rewriter.retokenizer  # type: ignore[attr-defined]
     plan, retokenized = retokenizer.plan, []
 
     def counting_plan(**kwargs: Any) -> Any:

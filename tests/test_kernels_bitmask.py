@@ -117,10 +117,10 @@ def test_torch_ragged_and_strided(native: bool, frac: float) -> None:
 def test_without_a_compiler_xgrammar_kernel_is_used(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(bitmask_module, "load_native", lambda name: None)
     calls: list[int] = []
-    real = bitmask_module._xgrammar_cpu
-    monkeypatch.setattr(
-        bitmask_module, "_xgrammar_cpu", lambda *a, **k: calls.append(1) or real(*a, **k)
-    )
+    real = bitmask_module._xgrammar_cpu()
+    assert real is not None
+    counted = lambda *a, **k: calls.append(1) or real(*a, **k)  # noqa: E731
+    monkeypatch.setattr(bitmask_module, "_xgrammar_cpu", lambda: counted)
     allowed, bitmask = random_mask(3, 40, 0.9, seed=5)
     base = torch.randn(3, 1270)
     for rows in (None, [2, 0]):

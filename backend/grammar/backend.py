@@ -25,7 +25,7 @@ from plait.backend.config import EngineConfig
 from plait.backend.grammar.cache import GrammarCache
 from plait.backend.grammar.compiler import CompiledConstraint, grammar_key
 from plait.backend.grammar.errors import GrammarError, clean_error
-from plait.backend.grammar.hooks import GrammarHooks, MaskWaiter, Matcher, Rewrite
+from plait.backend.grammar.hooks import MaskWaiter, Matcher, Rewrite
 from plait.backend.grammar.jump_forward import Retokenizer
 from plait.backend.grammar.masks import TIMING_LOG_SIZE, MaskFiller
 from plait.backend.grammar.matcher import RequestGrammar, new_matcher
@@ -234,7 +234,7 @@ def _matcher(req: Req) -> Matcher | None:
 
 def make_grammar(
     config: EngineConfig, tokenizer: PreTrainedTokenizerBase, vocab_size: int
-) -> GrammarHooks | None:
+) -> GrammarBackend:
     """The grammar backend for constrained requests, one per model."""
     vocab = Vocab(tokenizer=tokenizer, vocab_size=vocab_size)
     retokenizer = Retokenizer(token_bytes=vocab.token_bytes, encode=vocab.encode)

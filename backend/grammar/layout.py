@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import xgrammar as xgr
+if TYPE_CHECKING:  # imported where a grammar is built: the engine loads without it
+    import xgrammar as xgr
 
 COMPACT = "compact"
 DUMPS = "dumps"
@@ -57,6 +58,8 @@ def resolve_layout(*, layout: str | None, any_whitespace: bool) -> str:
 def schema_grammar(schema_text: str, *, layout: str, **options: Any) -> xgr.Grammar:
     """xgrammar's grammar of a JSON Schema (text) in `layout`; `options` go to xgrammar
     (`strict_mode`, `any_order`)."""
+    import xgrammar as xgr
+
     if layout in _SEPARATORS:
         return xgr.Grammar.from_json_schema(
             schema_text, any_whitespace=False, separators=_SEPARATORS[layout], **options
@@ -97,6 +100,8 @@ def gap_rule(layout: str) -> str:
 def with_gaps(grammar: xgr.Grammar, *, layout: str) -> xgr.Grammar:
     """`grammar` (xgrammar's any_whitespace form) with each whitespace run replaced by the
     layout's gap."""
+    import xgrammar as xgr
+
     text, count = _WHITESPACE_REPEAT.subn(GAP_RULE, str(grammar))
     if count == 0:  # no whitespace between tokens (a schema of one string or number)
         return grammar

@@ -18,7 +18,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from plait.backend.config import EngineConfig
-from plait.backend.grammar import make_grammar
+from plait.backend.grammar import grammar_on_demand
 from plait.backend.model.runner import ModelRunner
 from plait.backend.request.messages import (
     AbortRequest,
@@ -53,7 +53,7 @@ def build_scheduler(config: EngineConfig) -> tuple[Scheduler, PreTrainedTokenize
             config=config,
             runner=runner,
             decode=make_decoder(tokenizer),
-            grammar=make_grammar(config, tokenizer, runner.vocab_size),
+            grammar=grammar_on_demand(config, tokenizer, runner.vocab_size),
         )
     except BaseException:
         runner.abort()  # the tensor-parallel ranks it started, if any

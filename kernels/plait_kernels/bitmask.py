@@ -7,7 +7,8 @@ means allowed. Logits columns past ``W * 32`` are masked; bits past the logits w
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 
 import torch
 import triton
@@ -16,12 +17,19 @@ import triton.language as tl
 from ._dispatch import FLOAT_DTYPES, INDEX_DTYPES, check_tensor, choose_impl, num_programs
 from ._native import load_native
 
-try:  # xgrammar's CPU kernel: the fallback when the C kernel cannot be built (no compiler)
-    from xgrammar.kernels.apply_token_bitmask_inplace_cpu import (
-        apply_token_bitmask_inplace_cpu as _xgrammar_cpu,
-    )
-except ImportError:  # pragma: no cover - xgrammar is a dependency, but stay usable without
-    _xgrammar_cpu = None  # type: ignore[assignment]
+
+@functools.cache
+def _xgrammar_cpu() -> Callable[..., None] | None:
+    """xgrammar's CPU kernel: the fallback when the C kernel cannot be built (no compiler),
+    imported then (xgrammar takes a tenth of a second to import)."""
+    try:
+        from xgrammar.kernels.apply_token_bitmask_inplace_cpu import (
+            apply_token_bitmask_inplace_cpu,
+        )
+    except ImportError:  # pragma: no cover - xgrammar is a dependency, but stay usable without
+        return None
+    return apply_token_bitmask_inplace_cpu  # type: ignore[no-any-return]
+
 
 # -inf as raw bits, per dtype (the C kernel writes integers of the element's width).
 _NEG_INF_BITS = {torch.float32: 0xFF800000, torch.bfloat16: 0xFF80, torch.float16: 0xFC00}
@@ -127,9 +135,10 @@ def apply_token_bitmask_torch(
     if on_cpu and native:
         if _apply_native(logits, bitmask, rows, covered):
             return
-        if _xgrammar_cpu is not None:
+        fallback = _xgrammar_cpu()
+        if fallback is not None:
             indices = None if rows is None else rows.tolist()
-            _xgrammar_cpu(logits, bitmask, vocab_size=covered, indices=indices)
+            fallback(logits, bitmask, vocab_size=covered, indices=indices)
             return
     _apply_generic(logits, bitmask, rows, covered)
 
