@@ -118,6 +118,16 @@ PLAIT_INLINE void QF(store_lanes)(float *out, const QV_F32 *v, int rows, int r0)
         memcpy(out + r0, v, sizeof(float) * (size_t)n);
 }
 
+/* A row of x's hi and lo bytes at k0 + 4t .. k0 + 4t + 3 of a group (xg: 32 bytes hi, then
+ * 32 lo), each four broadcast to every lane, as the dots take them against V[t]. */
+PLAIT_INLINE void QF(x_bytes)(const int8_t *xg, int t, QV_I8 *hi, QV_I8 *lo) {
+    int32_t h, l;
+    memcpy(&h, xg + 4 * t, sizeof h);
+    memcpy(&l, xg + 32 + 4 * t, sizeof l);
+    *hi = (QV_I8)((QV_I32){} + h);
+    *lo = (QV_I8)((QV_I32){} + l);
+}
+
 #ifdef QMM_DP16
 /* Half j of a group (its V[4j .. 4j + 4), 16 values) against one row of x's hi and lo bytes
  * through the 16-bit pair dot: `fold` V[t]'s pair sums add in int16, then QMM_MADD16 adds them
@@ -128,11 +138,10 @@ PLAIT_INLINE void QF(dots16)(const int fold, const QV_U8 V[8], const int8_t *xg,
     QV_I16 sh = {0}, sl = {0};
 #pragma GCC unroll 4
     for (int t = 4 * j; t < 4 * j + 4; ++t) {
-        int32_t hi, lo;
-        memcpy(&hi, xg + 4 * t, sizeof hi);
-        memcpy(&lo, xg + 32 + 4 * t, sizeof lo);
-        sh += QMM_DP16(V[t], (QV_I8)((QV_I32){} + hi));
-        sl += QMM_DP16(V[t], (QV_I8)((QV_I32){} + lo));
+        QV_I8 hi, lo;
+        QF(x_bytes)(xg, t, &hi, &lo);
+        sh += QMM_DP16(V[t], hi);
+        sl += QMM_DP16(V[t], lo);
         if ((t + 1) % fold == 0) {
             *h = QMM_MADD16(*h, sh, w);
             *l = QMM_MADD16(*l, sl, w);
@@ -153,11 +162,10 @@ PLAIT_INLINE void QF(dots_signed)(const QV_U8 V[8], const int8_t *xg, const int3
     const QV_I16 one = (QV_I16){} + 1;
 #pragma GCC unroll 8
     for (int t = 0; t < 8; ++t) {
-        int32_t hi, lo;
-        memcpy(&hi, xg + 4 * t, sizeof hi);
-        memcpy(&lo, xg + 32 + 4 * t, sizeof lo);
-        h[t / 4] = QMM_MADD16(h[t / 4], QMM_DPS(V[t], (QV_I8)((QV_I32){} + hi)), one);
-        l[t / 4] = QMM_MADD16(l[t / 4], QMM_DPS(V[t], (QV_I8)((QV_I32){} + lo)), one);
+        QV_I8 hi, lo;
+        QF(x_bytes)(xg, t, &hi, &lo);
+        h[t / 4] = QMM_MADD16(h[t / 4], QMM_DPS(V[t], hi), one);
+        l[t / 4] = QMM_MADD16(l[t / 4], QMM_DPS(V[t], lo), one);
     }
     for (int j = 0; j < 2; ++j) {
         h[j] += 128 * s[2 * j];
@@ -192,11 +200,10 @@ PLAIT_INLINE void QF(dots)(const int planes, const QV_U8 V[8], const int8_t *xg,
     (void)s;
 #pragma GCC unroll 8
     for (int t = 0; t < 8; ++t) {
-        int32_t hi, lo;
-        memcpy(&hi, xg + 4 * t, sizeof hi);
-        memcpy(&lo, xg + 32 + 4 * t, sizeof lo);
-        h[t / 4] = QMM_DP(h[t / 4], V[t], (QV_I8)((QV_I32){} + hi));
-        l[t / 4] = QMM_DP(l[t / 4], V[t], (QV_I8)((QV_I32){} + lo));
+        QV_I8 hi, lo;
+        QF(x_bytes)(xg, t, &hi, &lo);
+        h[t / 4] = QMM_DP(h[t / 4], V[t], hi);
+        l[t / 4] = QMM_DP(l[t / 4], V[t], lo);
     }
 }
 

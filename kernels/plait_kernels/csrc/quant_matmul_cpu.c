@@ -93,9 +93,9 @@ PLAIT_INLINE int64_t qmm_scale_bytes(int form) { return form == QMM_SF32 ? 4 : f
 
 /* One row, per group of 32: x / dx = hi + lo / 256 with dx = max|x| / 127 over the group's
  * `span` (32, or the 256 of a K-quant super-block, whose sums then add up in integers),
- * hi = round(x / dx) and lo = round(256 * (x / dx - hi)) (clamped to +-127), so x is known to
- * within dx / 512 (as well as int16 would hold it) while each part is a byte the VNNI dot
- * takes. xq holds hi then lo per group (64 bytes); dx is stored / 256; xs per 16 is
+ * hi = round(x / dx) and lo = round(256 * (x / dx - hi)) (clamped to +-127, so that AVX2's
+ * signed dot never meets -128), so x is known to within dx / 512 (dx / 256 where lo is
+ * clamped: as well as int16 would hold it) while each part is a byte the VNNI dot takes. xq holds hi then lo per group (64 bytes); dx is stored / 256; xs per 16 is
  * (256 * sum(hi) + sum(lo)) * dx and xi per 16 sum(hi), sum(lo). A span holding inf or nan gets
  * dx = nan, so its outputs are nan. */
 PLAIT_INLINE void quantize_row(const float *x, int64_t k, int64_t span, int8_t *xq, float *dx,
