@@ -13,6 +13,7 @@ from plait.backend.text.reasoning import REASONING_FORMATS
 
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs")
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
+ACTIVATION_BITS = (16, 8)  # x in the CPU's quantized matmuls: two bytes a value, or one
 # The share of a device's memory the KV pool may take when neither `kv_tokens` nor
 # `kv_memory_mib` is given: of the GPU's free memory, or of the CPU's available RAM (a CPU
 # machine runs other programs; the pool is allocated lazily, so its pages become resident as
@@ -27,7 +28,10 @@ class EngineConfig:
 
     `quantization`: "auto" keeps a GGUF file's quantized weights packed (weight-only
     quantized matmuls), "none" de-quantizes them to `dtype`, "int8"/"int4" quantize a float
-    checkpoint's linear layers at load. The KV pool holds `kv_tokens` tokens, else as many as
+    checkpoint's linear layers at load. `activation_bits`: what the CPU kernels quantize x
+    to in those matmuls, 16 (two bytes a value, as close as int16: the default) or 8 (one
+    byte, llama.cpp's Q8 activations: about 1.3x faster, less exact; docs/quantization.md).
+    The KV pool holds `kv_tokens` tokens, else as many as
     `kv_memory_mib` MiB hold, else `mem_fraction` (default `DEFAULT_MEM_FRACTION`) of the
     GPU's free memory or the CPU's available RAM, capped at `max_kv_tokens_cpu` on CPU; the
     startup log states the size and where it came from.
@@ -82,6 +86,7 @@ class EngineConfig:
     check_integrity: bool = False
     num_threads: int = 0
     quantization: str = "auto"
+    activation_bits: int = 16
     profile_dir: str | None = None
     fused_decode: bool = True
     strict_schemas: bool = False
@@ -97,6 +102,8 @@ class EngineConfig:
         self._check_parallel()
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {QUANTIZATIONS}")
+        if self.activation_bits not in ACTIVATION_BITS:
+            raise ValueError(f"activation_bits must be one of {ACTIVATION_BITS}")
         if self.grammar_backend not in GRAMMAR_BACKENDS:
             raise ValueError(f"grammar_backend must be one of {GRAMMAR_BACKENDS}")
         if self.schedule_policy not in SCHEDULE_POLICIES:

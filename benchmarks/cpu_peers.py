@@ -2,6 +2,7 @@
 
     python -m benchmarks.cpu_peers [--quick] [--threads 1,2] [--reps 3] [--warmup 1]
                                    [--model smollm2-135m|gemma3-270m|llama-1b|path.gguf]
+                                   [--activation-bits 16|8]
 
 Both systems read the same GGUF file (by default `smollm2-135m`, SmolLM2-135M-Instruct Q4_1;
 `llama-1b` is a 1B-class Llama of random valid Q4_K_M blocks, written on first use by
@@ -64,11 +65,11 @@ class Job:
 class PlaitWorker:
     """plait's Engine on `model` with `threads` threads."""
 
-    def __init__(self, model: str, threads: int, kv_tokens: int) -> None:
+    def __init__(self, model: str, threads: int, options: dict[str, int]) -> None:
         from plait.backend import Engine
 
-        self.engine = Engine(model, num_threads=threads, kv_tokens=kv_tokens)
-        self.config = {"num_threads": threads, "kv_tokens": kv_tokens}
+        self.config = {"num_threads": threads, **options}
+        self.engine = Engine(model, **self.config)
         self.model = model
         self._drafting: Any = None
 
@@ -106,8 +107,8 @@ class PlaitWorker:
 class LlamaCppWorker:
     """llama.cpp on the same GGUF with `threads` threads."""
 
-    def __init__(self, model: str, threads: int, kv_tokens: int) -> None:
-        del kv_tokens  # llama.cpp keeps its own context size
+    def __init__(self, model: str, threads: int, options: dict[str, int]) -> None:
+        del options  # plait's: llama.cpp keeps its own context size
         from benchmarks.peers.llama_cpp_peer import LlamaCppPeer
         from plait.backend.model.builtin import resolve_model_path
 
@@ -137,14 +138,14 @@ def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - start, out
 
 
-def serve(kind: str, model: str, threads: int, kv_tokens: int, conn: Connection) -> None:
+def serve(kind: str, model: str, threads: int, options: dict[str, int], conn: Connection) -> None:
     """A worker process: load once (reporting the seconds and resident bytes), then answer
     jobs until told to stop."""
     import torch
 
     torch.set_num_threads(threads)
     start = time.perf_counter()
-    worker: Any = (PlaitWorker if kind == "plait" else LlamaCppWorker)(model, threads, kv_tokens)
+    worker: Any = (PlaitWorker if kind == "plait" else LlamaCppWorker)(model, threads, options)
     conn.send(("ready", time.perf_counter() - start, resident_bytes()))
     while (job := conn.recv()) is not None:
         try:
@@ -199,11 +200,11 @@ def jobs(model: str, quick: bool) -> list[Job]:
 
 
 def start(
-    kind: str, model: str, threads: int, kv_tokens: int
+    kind: str, model: str, threads: int, options: dict[str, int]
 ) -> tuple[Connection, dict[str, float]]:
     """A worker process and what its load took: {"load_s", "resident_mb"}."""
     parent, child = mp.get_context("spawn").Pipe()
-    args = (kind, model, threads, kv_tokens, child)
+    args = (kind, model, threads, options, child)
     mp.get_context("spawn").Process(target=serve, args=args, daemon=True).start()
     ready, load_s, resident = parent.recv()
     if ready != "ready":
@@ -226,7 +227,7 @@ def measure(
     quick: bool,
     *,
     warmup: int,
-    kv_tokens: int,
+    options: dict[str, int],
     only: list[str] | None = None,
 ) -> tuple[dict[str, dict[str, list[float]]], dict[str, dict[str, float]]]:
     """seconds[job][worker] over `reps` rotations, after `warmup` unrecorded ones; and each
@@ -234,7 +235,7 @@ def measure(
     todo = [job for job in jobs(model, quick) if only is None or job.name in only]
     build_kernels()  # once, here: a worker's load time is then the model's, as a user's is
     started = {
-        f"{k} T={t}": start(k, model, t, kv_tokens) for t in threads for k in ("plait", "llama.cpp")
+        f"{k} T={t}": start(k, model, t, options) for t in threads for k in ("plait", "llama.cpp")
     }
     workers = {name: conn for name, (conn, _) in started.items()}
     loads = {name: load for name, (_, load) in started.items()}
@@ -298,6 +299,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1, help="unrecorded rotations first")
     parser.add_argument("--model", default=MODEL, help="a builtin name or a .gguf path")
     parser.add_argument("--kv-tokens", type=int, default=KV_TOKENS, help="plait's KV pool")
+    parser.add_argument(
+        "--activation-bits", type=int, default=16, help="plait's x in the matmuls: 16 or 8"
+    )
     parser.add_argument("--jobs", default=None, help="a comma list of measurements (all)")
     args = parser.parse_args()
     threads = [int(t) for t in args.threads.split(",")]
@@ -310,7 +314,7 @@ def main() -> None:
         reps,
         args.quick,
         warmup=args.warmup,
-        kv_tokens=args.kv_tokens,
+        options={"kv_tokens": args.kv_tokens, "activation_bits": args.activation_bits},
         only=args.jobs.split(",") if args.jobs else None,
     )
     text = (
@@ -320,9 +324,11 @@ def main() -> None:
     )
     print(text)
     name = "cpu_peers" if args.model == MODEL else f"cpu_peers_{Path(args.model).stem}"
+    name += "" if args.activation_bits == 16 else f"_x{args.activation_bits}"
     write_results(name, {
         "model": args.model, "seconds": seconds, "loads": loads, "kv_tokens": args.kv_tokens,
-        "threads": threads, "reps": reps, "warmup": args.warmup,
+        "activation_bits": args.activation_bits, "threads": threads, "reps": reps,
+        "warmup": args.warmup,
         "load_avg_before": load, "load_avg_after": os.getloadavg(),
         "table": text, "quick": args.quick,
     })  # fmt: skip

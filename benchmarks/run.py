@@ -57,7 +57,9 @@ PLAIT_SYSTEMS = {
 # (docs/performance.md), llama.cpp given its 4,096-token context for plait too
 SUITES = (
     ("runtime_core",), ("frontend_overhead",), ("kernels",), ("structured",), ("cpu_peers",),
-    ("cpu_peers", "--model", "llama-1b", "--kv-tokens", "4096"), ("decode_speed",),
+    ("cpu_peers", "--model", "llama-1b", "--kv-tokens", "4096"),
+    ("cpu_peers", "--model", "llama-1b", "--kv-tokens", "4096", "--activation-bits", "8"),
+    ("decode_speed",),
     ("speculative",), ("extraction_accuracy",), ("tensor_parallel",), ("dp_router",),
 )  # fmt: skip
 

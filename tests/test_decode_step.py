@@ -19,6 +19,7 @@ from plait.backend.engine.engine import Engine
 from plait.backend.host import MAX_DEFAULT_THREADS, default_threads
 from plait.backend.model.forward_batch import ForwardBatch
 from plait.backend.model.fused_decode import FusedDecode
+from plait.backend.model.quantized import QuantLinear
 from plait.backend.model.runner import ModelRunner
 
 # Largest |fused - layer by layer| measured on plait-tiny over 6 ragged decode steps (fp32
@@ -29,6 +30,10 @@ from plait.backend.model.runner import ModelRunner
 # largest), and 4 layers carry that on. Stated tolerances: about 5x the measurements.
 LOGIT_ATOL = 1e-2
 KV_ATOL = 3e-4
+# With one-byte x (activation_bits 8), over 4 x 3 such steps: |fused - layer by layer| at
+# most 9.0e-5 (int4), and 0.27-0.31 from two-byte x's logits (x rounded to 1/127 of its
+# group's largest instead of 1/32768). Stated: the same tolerance, and 5x the gap.
+X8_GAP = 1.5
 
 
 @dataclasses.dataclass
@@ -107,9 +112,12 @@ def both_ways(runner: ModelRunner, fb: ForwardBatch) -> tuple[torch.Tensor, torc
     return ref, out, (ref_kv, kv)
 
 
-@pytest.fixture(scope="module", params=["int8", "int4"])
+@pytest.fixture(
+    scope="module", params=[("int8", 16), ("int4", 16), ("int4", 8)], ids=["int8", "int4", "x8"]
+)
 def runner(request: pytest.FixtureRequest) -> Iterator[ModelRunner]:
-    runner = make_runner(str(request.param))
+    quantization, bits = request.param
+    runner = make_runner(quantization, activation_bits=bits)
     assert runner.fused_decode == "on"
     yield runner
 
@@ -245,6 +253,32 @@ def test_fallback_without_a_compiler(monkeypatch: pytest.MonkeyPatch) -> None:
     off = make_runner("int8", fused_decode=False)
     assert off.fused_decode == "off (fused_decode=False)" and off.fused is None
     assert make_runner("none").fused_decode.startswith("off (every linear layer")
+
+
+def test_one_byte_activations_reach_every_matmul() -> None:
+    """activation_bits 8 packs every linear layer's weight for one-byte x (the packed tensors
+    shared), and the fused step and the layer-by-layer path both take it: their logits agree
+    as two-byte x's do, and differ from two-byte x's by about the rounding of x."""
+    runners = {bits: make_runner("int4", activation_bits=bits) for bits in (16, 8)}
+    weights = {
+        bits: [m.qweight for m in r.model.modules() if isinstance(m, QuantLinear)]
+        for bits, r in runners.items()
+    }
+    assert {w.x_bits for w in weights[8]} == {8} and {w.x_bits for w in weights[16]} == {16}
+    logits = {}
+    for bits, runner in runners.items():
+        seqs = prefill(runner, [4, 19, 33], seed=5)
+        ref, out, _ = both_ways(runner, batch_for(runner, seqs, [[7], [8], [9]]))
+        assert float((out - ref).abs().max()) < LOGIT_ATOL
+        logits[bits] = out
+    gap = float((logits[8] - logits[16]).abs().max())
+    assert 0.01 < gap < X8_GAP, gap
+
+
+@pytest.mark.parametrize("bits", [0, 4, 32])
+def test_other_activation_bits_are_refused(bits: int) -> None:
+    with pytest.raises(ValueError, match="activation_bits must be one of"):
+        EngineConfig(activation_bits=bits)
 
 
 @pytest.mark.parametrize("quantization", ["int8", "int4"])

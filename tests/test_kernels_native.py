@@ -78,6 +78,54 @@ def test_kernel_every_isa_within_bound(kind: str, m: int) -> None:
     assert all(torch.equal(outs[0], o) for o in outs)  # the ISAs agree bit for bit
 
 
+def one_byte(x: torch.Tensor, span: int) -> torch.Tensor:
+    """x as the kernel holds it with x_bits 8, in float64: per `span` values dx = max|x| / 127,
+    each value round(x / dx) * dx, rounded as quantize_row rounds (in fp32, halves away from
+    zero)."""
+    m, k = x.shape
+    xs = x.float().view(m, k // span, span)
+    amax = xs.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, torch.tensor(127.0) / amax, torch.zeros_like(amax))
+    r = xs * inv
+    q = torch.trunc(torch.where(r >= 0, r + 0.5, r - 0.5))
+    dx = (amax / (127.0 * 256.0)).double() * 256.0  # stored / 256, as the kernel scales it
+    return (q.double() * dx).view(m, k)
+
+
+@pytest.mark.parametrize("kind", QUANT_KINDS)
+@pytest.mark.parametrize("m", [1, 5, 37])
+def test_one_byte_x_is_its_rounded_x_exactly_on_every_isa(kind: str, m: int) -> None:
+    """With x_bits 8 the kernel computes W times x rounded to one byte per value, exactly but
+    for fp32 rounding (the bound's second term), on every ISA bit for bit."""
+    n, k = 45, 512
+    raw = raw_rows(kind, n, k, seed=m + 7)
+    w = NativeWeight.from_gguf(kind, raw).with_x_bits(8)
+    dense = w.dequantize()
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)) * torch.logspace(-2, 1, k)
+    exact = one_byte(x, w.column_step) @ dense.double().T
+    bound = 2.0**-18 * (x.double().abs() @ terms(dense, kind, raw, k).T) + 1e-30
+    outs = [qn.native_quant_linear(x, w, isa=isa) for isa in ISAS]
+    for isa, out in zip(ISAS, outs, strict=True):
+        assert out is not None
+        err = (out.double() - exact).abs()
+        assert bool((err <= bound).all()), f"{isa}: err / bound {float((err / bound).max())}"
+    assert all(torch.equal(outs[0], o) for o in outs)
+    two = qn.native_quant_linear(x, w.with_x_bits(16))  # the default: within dx / 256
+    assert two is not None and not torch.equal(two, outs[0])
+
+
+def test_x_bits_is_checked_and_kept_by_stack_and_slice() -> None:
+    w = NativeWeight.from_gguf("Q4_K", raw_rows("Q4_K", 32, 256, seed=2))
+    with pytest.raises(ValueError, match="x_bits"):
+        w.with_x_bits(4)
+    w8 = w.with_x_bits(8)
+    assert w8.parts is w.parts and w.x_bits == 16 and w8.with_x_bits(8) is w8
+    assert NativeWeight.stack([w8, w8]).x_bits == 8
+    assert w8.slice(rows=[(0, 16)]).x_bits == 8
+    with pytest.raises(ValueError, match="share their x_bits"):
+        NativeWeight.stack([w, w8])
+
+
 def test_the_widest_codes_against_the_widest_bytes_of_x_are_exact() -> None:
     """Q8_0 codes of -128 and 127 (the signed pair dot's extremes: |code - 128| = 128) against
     x whose bytes reach +-127 (values just past half a step, where lo is clamped): every ISA
@@ -144,12 +192,13 @@ def test_threads_give_one_threads_bits(threads: int) -> None:
     assert one is not None and many is not None and torch.equal(one, many)
 
 
+@pytest.mark.parametrize("x_bits", [16, 8])
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("kind", QUANT_KINDS)
-def test_a_row_does_not_depend_on_the_batch(kind: str, isa: str) -> None:
+def test_a_row_does_not_depend_on_the_batch(kind: str, isa: str, x_bits: int) -> None:
     """One row alone (scales made per group as the codes stream), rows in fours and in
     sixteens (scales made once per block), and the remainder all give a row the same bits."""
-    w = NativeWeight.from_gguf(kind, raw_rows(kind, 40, 512, seed=4))
+    w = NativeWeight.from_gguf(kind, raw_rows(kind, 40, 512, seed=4)).with_x_bits(x_bits)
     x = torch.randn(23, 512, generator=torch.Generator().manual_seed(4))
 
     def run(rows: torch.Tensor) -> torch.Tensor:

@@ -33,8 +33,14 @@ NEW_TOKENS = 64
 # Largest |plait - transformers| logit measured over 4 prompts' prefill and 8 paged decode
 # steps, float32 both: 1.6e-4 with every weight de-quantized ("none"), 1.0e-2 with the
 # quantized matmuls ("auto", the default: activations held in two int8 parts per group of
-# 32, as closely as int16; logits are of order 10-30). Each tolerance is 3-10x its measurement.
-LOGIT_ATOL = {"none": 5e-4, "auto": 0.1}
+# 32, as closely as int16; logits are of order 10-30), 3.6 with one byte of x ("x8":
+# activation_bits 8, llama.cpp's Q8 activations). Each tolerance is 3-10x its measurement.
+LOGIT_ATOL = {"none": 5e-4, "auto": 0.1, "x8": 12.0}
+SETTINGS: dict[str, dict[str, Any]] = {
+    "none": {"quantization": "none"},
+    "auto": {"quantization": "auto"},
+    "x8": {"quantization": "auto", "activation_bits": 8},
+}
 PROMPTS = [
     "The capital of France is",
     "def fibonacci(n):\n    ",
@@ -114,15 +120,14 @@ def test_greedy_tokens_match_transformers_alone_then_batched(
     assert all(c > 0 for c in cached), cached  # the batch ran on the singles' radix cache
 
 
-@pytest.mark.parametrize("quantization", sorted(LOGIT_ATOL))
+@pytest.mark.parametrize("setting", sorted(LOGIT_ATOL))
 def test_logits_match_transformers(
-    gguf_path: Path, hf_model: Any, prompt_ids: list[list[int]], quantization: str
+    gguf_path: Path, hf_model: Any, prompt_ids: list[list[int]], setting: str
 ) -> None:
     """Prefill, then 8 greedy decode steps through the paged KV pool, against transformers'
     logits over the same sequence."""
-    config = EngineConfig(
-        model=str(gguf_path), dtype="float32", kv_tokens=2048, quantization=quantization
-    )
+    settings = SETTINGS[setting]
+    config = EngineConfig(model=str(gguf_path), dtype="float32", kv_tokens=2048, **settings)
     runner = ModelRunner(config)
     worst = 0.0
     for row, ids in enumerate(prompt_ids[:4]):
@@ -135,7 +140,7 @@ def test_logits_match_transformers(
             ref = hf_model(torch.tensor([ids + tokens])).logits[0]
         worst = max(worst, float((torch.cat(outs) - ref).abs().max()))
     print(f"max |logit difference| = {worst:.3g}")
-    assert worst < LOGIT_ATOL[quantization], worst
+    assert worst < LOGIT_ATOL[setting], worst
 
 
 def test_tokenizer_matches_transformers(
@@ -193,6 +198,10 @@ def test_chat_template_renders_like_transformers(
 
 
 def test_engine_answers_through_the_chat_template(engine: Engine) -> None:
+    assert_answers_paris(engine)
+
+
+def assert_answers_paris(engine: Engine) -> None:
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     text = engine.tokenizer.apply_chat_template(
         messages, tokenize=False, add_generation_prompt=True
@@ -200,6 +209,26 @@ def test_engine_answers_through_the_chat_template(engine: Engine) -> None:
     out = engine.generate(text, {"max_new_tokens": 24, "temperature": 0.0})
     assert "Paris" in out["text"], out["text"]
     assert out["finish_reason"]["type"] == "stop", out["finish_reason"]
+
+
+def test_one_byte_activations_fill_json_schemas() -> None:
+    """activation_bits 8 (llama.cpp's precision) on the real model: a constrained JSON output
+    is valid and names the person in the text. (Its free answer to the capital question
+    above turns to "L'Étoile, la Marseillaise, ...", the very tokens llama.cpp gives on this
+    file: SmolLM2-135M needs two-byte x, LOGIT_ATOL's "x8".)"""
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+    }
+    messages = [{"role": "user", "content": "Ann is 30 years old. Give her name and age."}]
+    with Engine(MODEL, kv_tokens=2048, num_threads=1, activation_bits=8) as engine:
+        text = engine.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
+        params = {"max_new_tokens": 48, "temperature": 0.0, "json_schema": schema}
+        out = json.loads(str(engine.generate(text, params)["text"]))
+    assert out == {"name": "Ann", "age": 30}, out
 
 
 def test_program_prompts_are_the_chat_templates(

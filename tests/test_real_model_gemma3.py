@@ -104,6 +104,15 @@ def test_greedy_tokens_match_transformers_alone_then_batched(engine: Engine, hf_
     assert [o["output_ids"] for o in batched] == alone
 
 
+def test_one_byte_activations_answer_right() -> None:
+    """activation_bits 8 (llama.cpp's precision; this file's K-quants take x per 256 values,
+    as its Q8_K): the answer is still right."""
+    with Engine(MODEL, kv_tokens=1024, num_threads=1, activation_bits=8) as eng:
+        question = "Q: What is the capital of France?\nA:"
+        out = eng.generate(question, {"max_new_tokens": 8, "temperature": 0, "stop": "\n"})
+    assert out["text"] == " The capital of France is Paris."
+
+
 def test_the_model_answers_right_and_stops_at_the_end_of_its_turn(engine: Engine) -> None:
     question = "Q: What is the capital of France?\nA:"  # a base model: a completion, not a chat
     out = engine.generate(question, {"max_new_tokens": 8, "temperature": 0, "stop": "\n"})

@@ -100,6 +100,14 @@ def _widen(part: LogicalQuant, group: int) -> LogicalQuant:
     return LogicalQuant(part.codes.to(torch.int8), scales, mins, group)
 
 
+def set_activation_bits(model: nn.Module, bits: int) -> None:
+    """x quantized to `bits` (16 or 8) in the C kernel's matmul of every linear layer whose
+    weight is packed natively (`NativeWeight.with_x_bits`; the packed tensors are shared)."""
+    for module in model.modules():
+        if isinstance(module, QuantLinear) and isinstance(module.qweight, NativeWeight):
+            module.qweight = module.qweight.with_x_bits(bits)
+
+
 def quantize_model(model: nn.Module, *, bits: int) -> None:
     """Replace the model's float linear layers (and its embedding, when the LM head is tied
     to it: both then share one packed weight) by quantized ones of `bits` (8: symmetric per

@@ -17,6 +17,7 @@ from plait.backend.model.builtin import resolve_model_path
 from plait.backend.model.forward_batch import ForwardBatch
 from plait.backend.model.fused_decode import FusedDecode
 from plait.backend.model.loader import load_model
+from plait.backend.model.quantized import set_activation_bits
 from plait.backend.parallel.launch import TensorParallel, rank_device
 from plait.backend.parallel.plan import plan_shards
 from plait.backend.parallel.shard import inter_align, shard_model
@@ -65,6 +66,7 @@ class ModelRunner:
             device=self.device,
             quantization=config.quantization,
         )
+        set_activation_bits(self.model, config.activation_bits)
         full_cfg = self.model.cfg
         if parallel is not None:
             plan = plan_shards(

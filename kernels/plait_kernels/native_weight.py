@@ -18,7 +18,7 @@ import ctypes
 import functools
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -124,15 +124,22 @@ class NativePart:
 class NativeWeight:
     """A quantized [n, k] weight (``nn.Linear.weight``'s orientation) in the CPU kernels'
     native layout: ``parts`` stacked along n. Build one with :meth:`from_gguf`,
-    :meth:`from_logical` or :meth:`stack`."""
+    :meth:`from_logical` or :meth:`stack`.
+
+    ``x_bits``: what the kernel quantizes x to against this weight, 16 (two bytes a value,
+    x / dx = hi + lo / 256: as close as int16, the default) or 8 (one byte, lo = 0: llama.cpp's
+    Q8 activations, about 1.3x faster, x within dx / 2); :meth:`with_x_bits` makes the other."""
 
     n: int
     k: int
     parts: tuple[NativePart, ...]
+    x_bits: int = 16
 
     def __post_init__(self) -> None:
         if not 1 <= len(self.parts) <= MAX_PARTS or sum(p.n for p in self.parts) != self.n:
             raise ValueError(f"a NativeWeight holds 1..{MAX_PARTS} parts adding up to n={self.n}")
+        if self.x_bits not in X_BITS:
+            raise ValueError(f"x_bits must be one of {X_BITS}, got {self.x_bits!r}")
         if any(p.k != self.k for p in self.parts) or self.k % GROUP:
             raise ValueError(f"every part must have k={self.k}, a multiple of {GROUP}")
 
@@ -219,6 +226,9 @@ class NativeWeight:
     def stack(cls, weights: Sequence[NativeWeight]) -> NativeWeight:
         """Weights of one k stacked along n (q, k, v; gate, up): adjacent parts of one form
         whose rows fill whole blocks are joined into one part."""
+        bits = {w.x_bits for w in weights}
+        if len(bits) != 1:
+            raise ValueError(f"weights stacked must share their x_bits, got {sorted(bits)}")
         parts: list[NativePart] = []
         for p in (p for w in weights for p in w.parts):
             last = parts[-1] if parts else None
@@ -226,7 +236,11 @@ class NativeWeight:
                 parts[-1] = _joined(last, p)
             else:
                 parts.append(p)
-        return cls(n=sum(p.n for p in parts), k=weights[0].k, parts=tuple(parts))
+        return cls(n=sum(p.n for p in parts), k=weights[0].k, parts=tuple(parts), x_bits=bits.pop())
+
+    def with_x_bits(self, bits: int) -> NativeWeight:
+        """The same packed weight (its tensors shared) with x quantized to `bits` (8 or 16)."""
+        return self if bits == self.x_bits else replace(self, x_bits=bits)
 
     @property
     def nbytes(self) -> int:
@@ -267,10 +281,13 @@ class NativeWeight:
             parts = [p.columns(*cols) for p in parts]
         if rows is not None:
             parts = [piece for a, b in rows for piece in _row_range(parts, a, b)]
-        return NativeWeight.stack([NativeWeight(n=p.n, k=p.k, parts=(p,)) for p in parts])
+        return NativeWeight.stack(
+            [NativeWeight(n=p.n, k=p.k, parts=(p,), x_bits=self.x_bits) for p in parts]
+        )
 
 
 MAX_PARTS = 4  # PLAIT_QMM_MAX_PARTS
+X_BITS = (8, 16)  # plait_weight_t's x_bits
 
 
 def _row_range(parts: list[NativePart], a: int, b: int) -> list[NativePart]:
@@ -397,7 +414,7 @@ class _Part(ctypes.Structure):
 class _Weight(ctypes.Structure):
     """``plait_weight_t``."""
 
-    _fields_ = [(name, ctypes.c_int64) for name in ("n", "k", "nparts")]
+    _fields_ = [(name, ctypes.c_int64) for name in ("n", "k", "nparts", "x_bits")]
     _fields_ += [("part", _Part * MAX_PARTS)]
 
 
@@ -409,7 +426,7 @@ def descriptor(w: NativeWeight) -> int:
     """Address of `w`'s ``plait_weight_t``, valid while `w` lives (built at its first use)."""
     desc = _descriptors.get(w)
     if desc is None:
-        desc = _Weight(n=w.n, k=w.k, nparts=len(w.parts))
+        desc = _Weight(n=w.n, k=w.k, nparts=len(w.parts), x_bits=w.x_bits)
         for i, p in enumerate(w.parts):
             f = p.form
             ptrs = (None if t is None else t.data_ptr() for t in p.arrays)

@@ -42,8 +42,10 @@ typedef struct {
 } plait_qpart_t;
 
 #define PLAIT_QMM_MAX_PARTS 4
+/* x_bits: 16, x quantized to two bytes a value (hi + lo / 256), or 8, one (lo = 0; faster,
+ * within dx / 2 where two bytes are within dx / 256). */
 typedef struct {
-    int64_t n, k, nparts;
+    int64_t n, k, nparts, x_bits;
     plait_qpart_t part[PLAIT_QMM_MAX_PARTS];
 } plait_weight_t;
 

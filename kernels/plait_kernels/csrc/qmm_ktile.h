@@ -62,7 +62,7 @@ PLAIT_INLINE void QF(sk_sub)(QV_I32 h, QV_I32 l, int32_t sh, int32_t sl, int32_t
  * pointer when sub = 32: one run), s the row's sums of hi and lo of each 16 (xi). With a
  * 16-bit pair dot (qmm_fold) the int16 pair sums are widened against the sub-scales, each in
  * both halves of its lane, so the sub-scale costs no multiply; the zero's term follows. */
-PLAIT_INLINE void QF(dots_k)(const int planes, const QV_U8 V[8], const int8_t *xg,
+PLAIT_INLINE void QF(dots_k)(const int LO, const int planes, const QV_U8 V[8], const int8_t *xg,
                              const int32_t *s, int32_t zero, const int8_t *sc0,
                              const int8_t *sc1, QV_I32 *th, QV_I32 *tl) {
 #ifdef QMM_DP16
@@ -71,17 +71,17 @@ PLAIT_INLINE void QF(dots_k)(const int planes, const QV_U8 V[8], const int8_t *x
 #pragma GCC unroll 2
         for (int j = 0; j < 2; ++j) {
             const QV_I32 sj = QF(load_i8)(j ? sc1 : sc0);
-            QF(dots16)(fold, V, xg, j, (QV_I16)((sj & 0xffff) | (sj * 65536)), th, tl);
+            QF(dots16)(LO, fold, V, xg, j, (QV_I16)((sj & 0xffff) | (sj * 65536)), th, tl);
             if (zero != 0) {
                 *th -= sj * (zero * s[2 * j]);
-                *tl -= sj * (zero * s[2 * j + 1]);
+                if (LO) *tl -= sj * (zero * s[2 * j + 1]);
             }
         }
         return;
     }
 #endif
     QV_I32 h[2], l[2];
-    QF(dots)(planes, V, xg, s, h, l);
+    QF(dots)(LO, planes, V, xg, s, h, l);
     if (sc0 == sc1)
         QF(sk_sub)(h[0] + h[1], l[0] + l[1], s[0] + s[2], s[1] + s[3], zero, sc0, th, tl);
     else
@@ -92,7 +92,7 @@ PLAIT_INLINE void QF(dots_k)(const int planes, const QV_U8 V[8], const int8_t *x
 /* One row of x (row i0) against one block of a K form: row1's dots, summed per super-block in
  * integers (dots_k) and added to the output once per super-block (sk_add); a group's parts of
  * QMM_W rows one after the other, as row1's. */
-PLAIT_INLINE void QF(row1k)(const int planes, const int SUBS, const plait_qpart_t *p,
+PLAIT_INLINE void QF(row1k)(const int LO, const int planes, const int SUBS, const plait_qpart_t *p,
                             const qmm_act_t *a, int64_t i0, int64_t blk, float *out, int rows) {
     const int64_t gc = a->k / 32, gbytes = qmm_group_bytes(planes), runs = gc * SUBS;
     const uint8_t *codes = p->codes + blk * gc * gbytes;
@@ -114,7 +114,7 @@ PLAIT_INLINE void QF(row1k)(const int planes, const int SUBS, const plait_qpart_
             const int8_t *sg = sc + 16 * SUBS * g + r0;
             QV_U8 V[8];
             QF(decode)(planes, cp + 4 * r0, V);
-            QF(dots_k)(planes, V, x + 64 * g, s, p->zero, sg, sg + 16 * (SUBS - 1), &th[hf],
+            QF(dots_k)(LO, planes, V, x + 64 * g, s, p->zero, sg, sg + 16 * (SUBS - 1), &th[hf],
                        &tl[hf]);
             if ((g & 7) == 7) {
                 const int64_t u = g >> 3;
@@ -131,7 +131,7 @@ PLAIT_INLINE void QF(row1k)(const int planes, const int SUBS, const plait_qpart_
 
 /* Four rows of x (from i0) against one block of a K form: tile4's dots, summed as row1k's,
  * QMM_W rows of the block at a time. */
-PLAIT_INLINE void QF(tile4k)(const int planes, const plait_qpart_t *p, const qmm_act_t *a,
+PLAIT_INLINE void QF(tile4k)(const int LO, const int planes, const plait_qpart_t *p, const qmm_act_t *a,
                              int64_t i0, int64_t blk, float *out, int64_t ldo, int rows) {
     const int64_t gc = a->k / 32, gbytes = qmm_group_bytes(planes);
     const int subs = p->sub == 16 ? 2 : 1;
@@ -152,7 +152,7 @@ PLAIT_INLINE void QF(tile4k)(const int planes, const plait_qpart_t *p, const qmm
             for (int i = 0; i < 4; ++i) {
                 const int8_t *xg = a->xq + (i0 + i) * 2 * a->k + 64 * g; /* hi, then lo */
                 const int32_t *s = a->xi + (i0 + i) * 4 * gc + 4 * g;
-                QF(dots_k)(planes, V, xg, s, p->zero, sg, sg + 16 * (subs - 1), &th[i], &tl[i]);
+                QF(dots_k)(LO, planes, V, xg, s, p->zero, sg, sg + 16 * (subs - 1), &th[i], &tl[i]);
             }
             if ((g & 7) == 7) {
                 const int64_t u = g >> 3;

@@ -132,19 +132,21 @@ PLAIT_INLINE void QF(x_bytes)(const int8_t *xg, int t, QV_I8 *hi, QV_I8 *lo) {
 /* Half j of a group (its V[4j .. 4j + 4), 16 values) against one row of x's hi and lo bytes
  * through the 16-bit pair dot: `fold` V[t]'s pair sums add in int16, then QMM_MADD16 adds them
  * times the int16 weights w (ones, or a K form's sub-scales in both halves of a lane) to *h
- * and *l. Exact while qmm_fold(planes) bounds the int16 sums (qmm_fold). */
-PLAIT_INLINE void QF(dots16)(const int fold, const QV_U8 V[8], const int8_t *xg, int j,
-                             QV_I16 w, QV_I32 *h, QV_I32 *l) {
+ * and *l. Exact while qmm_fold(planes) bounds the int16 sums (qmm_fold). LO: x has lo bytes
+ * (with one byte, LO = 0, its lo bytes are zeros and their products are skipped: *l is left
+ * as it is, as adding their zeros would leave it). */
+PLAIT_INLINE void QF(dots16)(const int LO, const int fold, const QV_U8 V[8], const int8_t *xg,
+                             int j, QV_I16 w, QV_I32 *h, QV_I32 *l) {
     QV_I16 sh = {0}, sl = {0};
 #pragma GCC unroll 4
     for (int t = 4 * j; t < 4 * j + 4; ++t) {
         QV_I8 hi, lo;
         QF(x_bytes)(xg, t, &hi, &lo);
         sh += QMM_DP16(V[t], hi);
-        sl += QMM_DP16(V[t], lo);
+        if (LO) sl += QMM_DP16(V[t], lo);
         if ((t + 1) % fold == 0) {
             *h = QMM_MADD16(*h, sh, w);
-            *l = QMM_MADD16(*l, sl, w);
+            if (LO) *l = QMM_MADD16(*l, sl, w);
             sh = sl = (QV_I16){0};
         }
     }
@@ -157,19 +159,19 @@ PLAIT_INLINE void QF(dots16)(const int fold, const QV_U8 V[8], const int8_t *xg,
  * |code - 128| and xb with the sign of code - 128, vpsignb; a pair is within 2 * 128 * 127,
  * as neither of x's bytes is -128), each widened alone (QMM_MADD16 against ones); then
  * 128 sum(x) of each 16 (s: the row's sums of hi and lo, xi) gives the codes' sums. */
-PLAIT_INLINE void QF(dots_signed)(const QV_U8 V[8], const int8_t *xg, const int32_t *s,
-                                  QV_I32 h[2], QV_I32 l[2]) {
+PLAIT_INLINE void QF(dots_signed)(const int LO, const QV_U8 V[8], const int8_t *xg,
+                                  const int32_t *s, QV_I32 h[2], QV_I32 l[2]) {
     const QV_I16 one = (QV_I16){} + 1;
 #pragma GCC unroll 8
     for (int t = 0; t < 8; ++t) {
         QV_I8 hi, lo;
         QF(x_bytes)(xg, t, &hi, &lo);
         h[t / 4] = QMM_MADD16(h[t / 4], QMM_DPS(V[t], hi), one);
-        l[t / 4] = QMM_MADD16(l[t / 4], QMM_DPS(V[t], lo), one);
+        if (LO) l[t / 4] = QMM_MADD16(l[t / 4], QMM_DPS(V[t], lo), one);
     }
     for (int j = 0; j < 2; ++j) {
         h[j] += 128 * s[2 * j];
-        l[j] += 128 * s[2 * j + 1];
+        if (LO) l[j] += 128 * s[2 * j + 1];
     }
 }
 #endif
@@ -180,20 +182,21 @@ PLAIT_INLINE void QF(dots_signed)(const QV_U8 V[8], const int8_t *xg, const int3
  * u8 x s8 pairs summed in int16 lanes, and QMM_MADD16, int16 pairs times int16 weights added
  * to int32 lanes: AVX2's vpmaddubsw and vpmaddwd) and the codes are small enough (qmm_fold),
  * qmm_fold(planes) V[t]'s pair sums add in int16 before one widening; larger codes take the
- * signed pair dot where there is one (dots_signed): the same integers in fewer instructions. */
-PLAIT_INLINE void QF(dots)(const int planes, const QV_U8 V[8], const int8_t *xg,
+ * signed pair dot where there is one (dots_signed): the same integers in fewer instructions.
+ * LO = 0 (x in one byte): l stays 0, its products skipped. */
+PLAIT_INLINE void QF(dots)(const int LO, const int planes, const QV_U8 V[8], const int8_t *xg,
                            const int32_t *s, QV_I32 h[2], QV_I32 l[2]) {
     h[0] = h[1] = l[0] = l[1] = (QV_I32){0};
 #ifdef QMM_DP16
     const int fold = qmm_fold(planes);
     if (fold > 0) {
-        QF(dots16)(fold, V, xg, 0, (QV_I16){} + 1, &h[0], &l[0]);
-        QF(dots16)(fold, V, xg, 1, (QV_I16){} + 1, &h[1], &l[1]);
+        QF(dots16)(LO, fold, V, xg, 0, (QV_I16){} + 1, &h[0], &l[0]);
+        QF(dots16)(LO, fold, V, xg, 1, (QV_I16){} + 1, &h[1], &l[1]);
         return;
     }
 #endif
 #ifdef QMM_DPS
-    QF(dots_signed)(V, xg, s, h, l);
+    QF(dots_signed)(LO, V, xg, s, h, l);
     return;
 #endif
     (void)planes;
@@ -203,7 +206,7 @@ PLAIT_INLINE void QF(dots)(const int planes, const QV_U8 V[8], const int8_t *xg,
         QV_I8 hi, lo;
         QF(x_bytes)(xg, t, &hi, &lo);
         h[t / 4] = QMM_DP(h[t / 4], V[t], hi);
-        l[t / 4] = QMM_DP(l[t / 4], V[t], lo);
+        if (LO) l[t / 4] = QMM_DP(l[t / 4], V[t], lo);
     }
 }
 
@@ -254,7 +257,7 @@ static void QF(block_scales)(const plait_qpart_t *p, int64_t k, int64_t blk, flo
 /* Four rows of x (from row i0) against one block of 16 rows of a part (its scales S, Z from
  * block_scales): out[i][0..rows), QMM_W rows of the block at a time. Two sums each of hi and
  * lo per row; the four rows interleave their dots' latencies. */
-PLAIT_INLINE void QF(tile4)(const int planes, const plait_qpart_t *p, const qmm_act_t *a,
+PLAIT_INLINE void QF(tile4)(const int LO, const int planes, const plait_qpart_t *p, const qmm_act_t *a,
                             int64_t i0, int64_t blk, const float *S, const float *Z, float *out,
                             int64_t ldo, int rows) {
     const int64_t gc = a->k / 32, gbytes = qmm_group_bytes(planes);
@@ -278,7 +281,7 @@ PLAIT_INLINE void QF(tile4)(const int planes, const plait_qpart_t *p, const qmm_
                 const int8_t *xg = a->xq + (i0 + i) * 2 * a->k + 64 * g; /* hi, then lo */
                 /* the first and second 16 values' sums (sub-blocks when sub = 16) */
                 QV_I32 h[2], l[2];
-                QF(dots)(planes, V, xg, a->xi + ((i0 + i) * gc + g) * 4, h, l);
+                QF(dots)(LO, planes, V, xg, a->xi + ((i0 + i) * gc + g) * 4, h, l);
                 const float dx = a->dx[(i0 + i) * gc + g];
                 const float *xs = a->xs + (i0 + i) * 2 * gc + 2 * g; /* sum(xq) * dx per 16 */
                 if (subs == 1) {
@@ -307,7 +310,7 @@ PLAIT_INLINE void QF(tile4)(const int planes, const plait_qpart_t *p, const qmm_
  * decode went from 13.4 to 17.6 tok/s at one thread. SUBS is 32 / sub; two sums per hi and
  * lo byte keep the dot's latency hidden (across groups, which are independent). A group's
  * parts of QMM_W rows run one after the other, so its codes are read once. */
-PLAIT_INLINE void QF(row1)(const int planes, const int SUBS, const plait_qpart_t *p,
+PLAIT_INLINE void QF(row1)(const int LO, const int planes, const int SUBS, const plait_qpart_t *p,
                            const qmm_act_t *a, int64_t i0, int64_t blk, float *out, int rows) {
     const int64_t gc = a->k / 32, gbytes = qmm_group_bytes(planes);
     const uint8_t *codes = p->codes + blk * gc * gbytes;
@@ -322,7 +325,7 @@ PLAIT_INLINE void QF(row1)(const int planes, const int SUBS, const plait_qpart_t
             QV_U8 V[8];
             QF(decode)(planes, cp + 4 * QMM_W * hf, V);
             QV_I32 h[2], l[2];
-            QF(dots)(planes, V, x + 64 * g, a->xi + (i0 * gc + g) * 4, h, l);
+            QF(dots)(LO, planes, V, x + 64 * g, a->xi + (i0 * gc + g) * 4, h, l);
             for (int j = 0; j < SUBS; ++j) {
                 QV_F32 sv, zv;
                 QF(run_scales)(p, a->k, blk, SUBS, g * SUBS + j, QMM_W * hf, &d[hf], &dmin[hf],
@@ -512,28 +515,37 @@ static int64_t QF(amx_rows)(const plait_qpart_t *p, const qmm_act_t *a, int64_t 
 
 /* Rows i0.. of x against one block: four at a time, then one by one (two specializations per
  * plane kind keep the build short: a decode batch of 2 or 3 decodes its codes 2 or 3 times,
- * cheap beside reading them). */
+ * cheap beside reading them), each built for x with lo bytes and without (a->lo). */
 #define QMM_DEFINE_ROWS(PLANES)                                                                    \
-    static void QF(rows_##PLANES)(const plait_qpart_t *p, const qmm_act_t *a, int64_t i,          \
-                                  int64_t blk, const float *S, const float *Z, float *out,        \
-                                  int64_t ldo, int rows) {                                         \
+    PLAIT_INLINE void QF(rows_lo_##PLANES)(const int LO, const plait_qpart_t *p,                  \
+                                           const qmm_act_t *a, int64_t i, int64_t blk,            \
+                                           const float *S, const float *Z, float *out,            \
+                                           int64_t ldo, int rows) {                               \
         const int sk = p->scale_form == QMM_SK;                                                    \
         for (; i + 4 <= a->m; i += 4) {                                                            \
             if (sk)                                                                                \
-                QF(tile4k)(PLANES, p, a, i, blk, out + i * ldo, ldo, rows);                        \
+                QF(tile4k)(LO, PLANES, p, a, i, blk, out + i * ldo, ldo, rows);                    \
             else                                                                                   \
-                QF(tile4)(PLANES, p, a, i, blk, S, Z, out + i * ldo, ldo, rows);                   \
+                QF(tile4)(LO, PLANES, p, a, i, blk, S, Z, out + i * ldo, ldo, rows);               \
         }                                                                                          \
         for (; i < a->m; ++i) {                                                                    \
             if (sk && p->sub == 32)                                                                \
-                QF(row1k)(PLANES, 1, p, a, i, blk, out + i * ldo, rows);                           \
+                QF(row1k)(LO, PLANES, 1, p, a, i, blk, out + i * ldo, rows);                       \
             else if (sk)                                                                           \
-                QF(row1k)(PLANES, 2, p, a, i, blk, out + i * ldo, rows);                           \
+                QF(row1k)(LO, PLANES, 2, p, a, i, blk, out + i * ldo, rows);                       \
             else if (p->sub == 32)                                                                 \
-                QF(row1)(PLANES, 1, p, a, i, blk, out + i * ldo, rows);                            \
+                QF(row1)(LO, PLANES, 1, p, a, i, blk, out + i * ldo, rows);                        \
             else                                                                                   \
-                QF(row1)(PLANES, 2, p, a, i, blk, out + i * ldo, rows);                            \
+                QF(row1)(LO, PLANES, 2, p, a, i, blk, out + i * ldo, rows);                        \
         }                                                                                          \
+    }                                                                                              \
+    static void QF(rows_##PLANES)(const plait_qpart_t *p, const qmm_act_t *a, int64_t i,          \
+                                  int64_t blk, const float *S, const float *Z, float *out,        \
+                                  int64_t ldo, int rows) {                                         \
+        if (a->lo)                                                                                 \
+            QF(rows_lo_##PLANES)(1, p, a, i, blk, S, Z, out, ldo, rows);                           \
+        else                                                                                       \
+            QF(rows_lo_##PLANES)(0, p, a, i, blk, S, Z, out, ldo, rows);                           \
     }
 
 QMM_DEFINE_ROWS(QMM_P4)

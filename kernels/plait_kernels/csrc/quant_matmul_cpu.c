@@ -71,6 +71,7 @@ typedef struct {
     const int8_t *xt;
     const float *dxt, *xs1t, *xs2t;
     int xpair;
+    int lo; /* x has lo bytes (the weight's x_bits 16); with 8 they are zeros */
 } qmm_act_t;
 
 PLAIT_INLINE int64_t qmm_group_bytes(int planes) {
@@ -97,9 +98,10 @@ PLAIT_INLINE int64_t qmm_scale_bytes(int form) { return form == QMM_SF32 ? 4 : f
  * signed dot never meets -128), so x is known to within dx / 512 (dx / 256 where lo is
  * clamped: as well as int16 would hold it) while each part is a byte the VNNI dot takes. xq holds hi then lo per group (64 bytes); dx is stored / 256; xs per 16 is
  * (256 * sum(hi) + sum(lo)) * dx and xi per 16 sum(hi), sum(lo). A span holding inf or nan gets
- * dx = nan, so its outputs are nan. */
-PLAIT_INLINE void quantize_row(const float *x, int64_t k, int64_t span, int8_t *xq, float *dx,
-                               float *xs, int32_t *xi) {
+ * dx = nan, so its outputs are nan. Without `lo` (a weight's x_bits 8: llama.cpp's Q8
+ * activations) every lo is 0, so x is known to within dx / 2 and the kernels skip lo's dots. */
+PLAIT_INLINE void quantize_row(const float *x, int64_t k, int64_t span, int lo_bytes,
+                               int8_t *xq, float *dx, float *xs, int32_t *xi) {
     float inv = 0.0f, d = 0.0f;
     for (int64_t g = 0; g * 32 < k; ++g) {
         const float *xg = x + g * 32;
@@ -125,7 +127,7 @@ PLAIT_INLINE void quantize_row(const float *x, int64_t k, int64_t span, int8_t *
                 int q = (int)(r + (r >= 0.0f ? 0.5f : -0.5f));
                 float f = (r - (float)q) * 256.0f;
                 int l = (int)(f + (f >= 0.0f ? 0.5f : -0.5f));
-                l = l > 127 ? 127 : l < -127 ? -127 : l;
+                l = !lo_bytes ? 0 : l > 127 ? 127 : l < -127 ? -127 : l;
                 hi[i] = (int8_t)q;
                 lo[i] = (int8_t)l;
                 sh += q;
@@ -506,7 +508,7 @@ PLAIT_CLONES static void quantize_part(void *ctx, int part, int parts) {
     const int64_t r0 = 16 * (units * part / parts), end = 16 * (units * (part + 1) / parts);
     const int64_t r1 = end < m ? end : m;
     for (int64_t i = r0; i < r1; ++i)
-        quantize_row(j->x + i * j->ldx, k, j->span, j->xq + 2 * i * k, j->dx + i * gc,
+        quantize_row(j->x + i * j->ldx, k, j->span, j->act.lo, j->xq + 2 * i * k, j->dx + i * gc,
                      j->xs + i * 2 * gc, j->xi + i * 4 * gc);
     if (j->xt != NULL) tile_rows(&j->act, j->span == 256, r0, r1, j->xt, j->dxt, j->xs1t, j->xs2t);
 }
@@ -518,6 +520,7 @@ PLAIT_CLONES static void quantize_part(void *ctx, int part, int parts) {
 
 static int check_weight(const plait_weight_t *w) {
     if (w->k <= 0 || w->k % 32 || w->nparts < 1 || w->nparts > PLAIT_QMM_MAX_PARTS) return 0;
+    if (w->x_bits != 8 && w->x_bits != 16) return 0;
     int64_t n = 0;
     for (int64_t p = 0; p < w->nparts; ++p) {
         const plait_qpart_t *q = &w->part[p];
@@ -550,7 +553,7 @@ int plait_qmm_f32(int isa, int threads, plait_pool_fn pool, const float *x, int6
     if (buf == NULL) return -1;
     xjob_t xj = {x, ldx, span, {0}, (int8_t *)buf, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
     xj.dx = (float *)(buf + xq_bytes), xj.xs = xj.dx + m * gc, xj.xi = (int32_t *)(xj.xs + 2 * m * gc);
-    xj.act = (qmm_act_t){xj.xq, xj.dx, xj.xs, xj.xi, m, k, NULL, NULL, NULL, NULL, 0};
+    xj.act = (qmm_act_t){xj.xq, xj.dx, xj.xs, xj.xi, m, k, NULL, NULL, NULL, NULL, 0, w->x_bits == 16};
     if (tiled) {
         xj.dxt = (float *)(xj.xi + 4 * m * gc), xj.xs1t = xj.dxt + m16 * gc;
         xj.xs2t = xj.xs1t + m16 * gc, xj.xt = (int8_t *)(buf + xq_bytes + sums);
