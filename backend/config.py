@@ -102,7 +102,7 @@ class EngineConfig:
         self._check_parallel()
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {QUANTIZATIONS}")
-        if self.activation_bits not in ACTIVATION_BITS:
+        if type(self.activation_bits) is not int or self.activation_bits not in ACTIVATION_BITS:
             raise ValueError(f"activation_bits must be one of {ACTIVATION_BITS}")
         if self.grammar_backend not in GRAMMAR_BACKENDS:
             raise ValueError(f"grammar_backend must be one of {GRAMMAR_BACKENDS}")

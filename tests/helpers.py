@@ -10,7 +10,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from plait.backend.engine.engine import Engine
 from plait.backend.model.forward_batch import ForwardBatch
+from plait.backend.model.quantized import QuantLinear
 from plait.backend.model.runner import ModelRunner
+from plait.kernels.native_weight import NativeWeight
 
 TEST_KV_TOKENS = 16384
 
@@ -58,6 +60,12 @@ def assert_hf_greedy(model: Any, ids: list[int], generated: list[int]) -> None:
     steps = zip(argmax, generated, strict=True)
     first = next((i for i, (a, b) in enumerate(steps) if a != b), None)
     assert first is None, f"diverged at step {first}: {argmax[first]} vs {generated[first]}"
+
+
+def assert_x_bits(model: torch.nn.Module, bits: int) -> None:
+    """Every linear weight of `model` is packed natively and quantizes x to `bits`."""
+    weights = [m.qweight for m in model.modules() if isinstance(m, QuantLinear)]
+    assert weights and all(isinstance(w, NativeWeight) and w.x_bits == bits for w in weights)
 
 
 def hf_gguf_model(path: Path) -> Any:

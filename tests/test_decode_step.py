@@ -13,13 +13,12 @@ import pytest
 import torch
 
 import plait.kernels._step_native as step_native
-from helpers import greedy, tiny_engine
+from helpers import assert_x_bits, greedy, tiny_engine
 from plait.backend.config import EngineConfig
 from plait.backend.engine.engine import Engine
 from plait.backend.host import MAX_DEFAULT_THREADS, default_threads
 from plait.backend.model.forward_batch import ForwardBatch
 from plait.backend.model.fused_decode import FusedDecode
-from plait.backend.model.quantized import QuantLinear
 from plait.backend.model.runner import ModelRunner
 
 # Largest |fused - layer by layer| measured on plait-tiny over 6 ragged decode steps (fp32
@@ -260,11 +259,8 @@ def test_one_byte_activations_reach_every_matmul() -> None:
     shared), and the fused step and the layer-by-layer path both take it: their logits agree
     as two-byte x's do, and differ from two-byte x's by about the rounding of x."""
     runners = {bits: make_runner("int4", activation_bits=bits) for bits in (16, 8)}
-    weights = {
-        bits: [m.qweight for m in r.model.modules() if isinstance(m, QuantLinear)]
-        for bits, r in runners.items()
-    }
-    assert {w.x_bits for w in weights[8]} == {8} and {w.x_bits for w in weights[16]} == {16}
+    for bits, runner in runners.items():
+        assert_x_bits(runner.model, bits)
     logits = {}
     for bits, runner in runners.items():
         seqs = prefill(runner, [4, 19, 33], seed=5)

@@ -13,6 +13,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 from gguf_synthetic import random_blocks
 
 import plait.kernels._quant_native as qn
+import plait.kernels.quant as quant_module
 from helpers import native_bound
 from plait.backend.gguf.quants import QUANT_KINDS, unpack_blocks
 from plait.kernels.native_weight import NativeWeight, gguf_form
@@ -112,6 +113,20 @@ def test_one_byte_x_is_its_rounded_x_exactly_on_every_isa(kind: str, m: int) -> 
     assert all(torch.equal(outs[0], o) for o in outs)
     two = qn.native_quant_linear(x, w.with_x_bits(16))  # the default: within dx / 256
     assert two is not None and not torch.equal(two, outs[0])
+
+
+def test_the_portable_builds_gemm_rounds_x_to_one_byte_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without AVX2, 32 rows or more take dequantize + GEMM: with x_bits 8 x is rounded first,
+    as the kernel rounds it (within fp32 GEMM rounding of the kernel's result)."""
+    raw = raw_rows("Q4_K", 48, 512, seed=9)
+    w = NativeWeight.from_gguf("Q4_K", raw).with_x_bits(8)
+    x = torch.randn(40, 512, generator=torch.Generator().manual_seed(9))
+    kernel = qn.native_quant_linear(x, w)
+    monkeypatch.setattr(quant_module, "native_isa", lambda: "generic")
+    gemm = quant_module.quant_linear_native(x, w)
+    dense = w.dequantize()
+    bound = 2.0**-14 * (x.double().abs() @ terms(dense, "Q4_K", raw, 512).T)
+    assert kernel is not None and bool(((gemm.double() - kernel.double()).abs() <= bound).all())
 
 
 def test_x_bits_is_checked_and_kept_by_stack_and_slice() -> None:

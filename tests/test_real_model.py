@@ -17,7 +17,13 @@ from tokenizers import Tokenizer, pre_tokenizers
 from transformers import PreTrainedTokenizerBase
 
 import plait
-from helpers import assert_hf_greedy, forward_logits, hf_gguf_model, hf_gguf_tokenizer
+from helpers import (
+    assert_hf_greedy,
+    assert_x_bits,
+    forward_logits,
+    hf_gguf_model,
+    hf_gguf_tokenizer,
+)
 from plait.backend.config import EngineConfig
 from plait.backend.engine.engine import Engine
 from plait.backend.model.builtin import resolve_model_path
@@ -129,6 +135,8 @@ def test_logits_match_transformers(
     settings = SETTINGS[setting]
     config = EngineConfig(model=str(gguf_path), dtype="float32", kv_tokens=2048, **settings)
     runner = ModelRunner(config)
+    if setting != "none":
+        assert_x_bits(runner.model, config.activation_bits)
     worst = 0.0
     for row, ids in enumerate(prompt_ids[:4]):
         outs = [forward_logits(runner, [(row, ids, 0)])]
@@ -141,6 +149,8 @@ def test_logits_match_transformers(
         worst = max(worst, float((torch.cat(outs) - ref).abs().max()))
     print(f"max |logit difference| = {worst:.3g}")
     assert worst < LOGIT_ATOL[setting], worst
+    if setting == "x8":  # well past two-byte x's error: the setting took effect
+        assert worst > 1.0, worst
 
 
 def test_tokenizer_matches_transformers(
@@ -198,10 +208,6 @@ def test_chat_template_renders_like_transformers(
 
 
 def test_engine_answers_through_the_chat_template(engine: Engine) -> None:
-    assert_answers_paris(engine)
-
-
-def assert_answers_paris(engine: Engine) -> None:
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     text = engine.tokenizer.apply_chat_template(
         messages, tokenize=False, add_generation_prompt=True
@@ -223,6 +229,7 @@ def test_one_byte_activations_fill_json_schemas() -> None:
     }
     messages = [{"role": "user", "content": "Ann is 30 years old. Give her name and age."}]
     with Engine(MODEL, kv_tokens=2048, num_threads=1, activation_bits=8) as engine:
+        assert_x_bits(engine.runtime.runner.model, 8)  # type: ignore[attr-defined]
         text = engine.tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=True
         )

@@ -18,7 +18,7 @@ import pytest
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from helpers import assert_hf_greedy, hf_gguf_model, hf_gguf_tokenizer
+from helpers import assert_hf_greedy, assert_x_bits, hf_gguf_model, hf_gguf_tokenizer
 from plait.backend.engine.engine import Engine
 from plait.backend.model.builtin import resolve_model_path
 from plait.backend.text.tokenizer import load_tokenizer
@@ -108,6 +108,7 @@ def test_one_byte_activations_answer_right() -> None:
     """activation_bits 8 (llama.cpp's precision; this file's K-quants take x per 256 values,
     as its Q8_K): the answer is still right."""
     with Engine(MODEL, kv_tokens=1024, num_threads=1, activation_bits=8) as eng:
+        assert_x_bits(eng.runtime.runner.model, 8)  # type: ignore[attr-defined]
         question = "Q: What is the capital of France?\nA:"
         out = eng.generate(question, {"max_new_tokens": 8, "temperature": 0, "stop": "\n"})
     assert out["text"] == " The capital of France is Paris."

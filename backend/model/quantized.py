@@ -102,10 +102,14 @@ def _widen(part: LogicalQuant, group: int) -> LogicalQuant:
 
 def set_activation_bits(model: nn.Module, bits: int) -> None:
     """x quantized to `bits` (16 or 8) in the C kernel's matmul of every linear layer whose
-    weight is packed natively (`NativeWeight.with_x_bits`; the packed tensors are shared)."""
+    weight is packed natively (`NativeWeight.with_x_bits`; the packed tensors are shared). An
+    embedding tied to the LM head gets the head's new weight, so they stay one object. Other
+    weights (CUDA's, float ones) keep x unquantized or in fp32 whatever `bits` says."""
+    made: dict[int, NativeWeight] = {}
     for module in model.modules():
-        if isinstance(module, QuantLinear) and isinstance(module.qweight, NativeWeight):
-            module.qweight = module.qweight.with_x_bits(bits)
+        w = getattr(module, "qweight", None)
+        if isinstance(module, QuantLinear | QuantEmbedding) and isinstance(w, NativeWeight):
+            module.qweight = made.setdefault(id(w), w.with_x_bits(bits))
 
 
 def quantize_model(model: nn.Module, *, bits: int) -> None:

@@ -120,8 +120,21 @@ def quant_linear_native(
         out = native_quant_linear(x, w, bias, threads=threads)
     if out is None:
         b = None if bias is None else bias.float()
-        out = _panels(x.float(), w.n, w.dequantize_rows, b)
+        xf = x.float() if w.x_bits == 16 else one_byte_x(x.float(), span=w.column_step)
+        out = _panels(xf, w.n, w.dequantize_rows, b)
     return out if x.dtype == torch.float32 else out.to(x.dtype)
+
+
+def one_byte_x(x: torch.Tensor, *, span: int) -> torch.Tensor:
+    """x [M, K] as the C kernel holds it with x_bits 8: per `span` values dx = max|x| / 127,
+    each value round(x / dx) * dx (for the dequantize-then-GEMM path to round as it does)."""
+    m, k = x.shape
+    xs = x.view(m, k // span, span)
+    amax = xs.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    r = xs * inv
+    q = torch.trunc(torch.where(r >= 0, r + 0.5, r - 0.5))
+    return (q * (amax / 127.0)).view(m, k)
 
 
 def _panels(
