@@ -121,19 +121,30 @@ PLAIT_INLINE void quantize_row(const float *x, int64_t k, int64_t span, int lo_b
         }
         dx[g] = d;
         int8_t *hi = xq + g * 64, *lo = hi + 32;
+        if (!lo_bytes) memset(lo, 0, 32);
         for (int h = 0; h < 2; ++h) {
             int32_t sh = 0, sl = 0;
+            if (lo_bytes) {
 #pragma omp simd reduction(+ : sh, sl)
-            for (int i = 16 * h; i < 16 * h + 16; ++i) {
-                float r = xg[i] * inv;
-                int q = (int)(r + (r >= 0.0f ? 0.5f : -0.5f));
-                float f = (r - (float)q) * 256.0f;
-                int l = (int)(f + (f >= 0.0f ? 0.5f : -0.5f));
-                l = !lo_bytes ? 0 : l > 127 ? 127 : l < -127 ? -127 : l;
-                hi[i] = (int8_t)q;
-                lo[i] = (int8_t)l;
-                sh += q;
-                sl += l;
+                for (int i = 16 * h; i < 16 * h + 16; ++i) {
+                    float r = xg[i] * inv;
+                    int q = (int)(r + (r >= 0.0f ? 0.5f : -0.5f));
+                    float f = (r - (float)q) * 256.0f;
+                    int l = (int)(f + (f >= 0.0f ? 0.5f : -0.5f));
+                    l = l > 127 ? 127 : l < -127 ? -127 : l;
+                    hi[i] = (int8_t)q;
+                    lo[i] = (int8_t)l;
+                    sh += q;
+                    sl += l;
+                }
+            } else { /* one byte: hi alone, rounded as above */
+#pragma omp simd reduction(+ : sh)
+                for (int i = 16 * h; i < 16 * h + 16; ++i) {
+                    float r = xg[i] * inv;
+                    int q = (int)(r + (r >= 0.0f ? 0.5f : -0.5f));
+                    hi[i] = (int8_t)q;
+                    sh += q;
+                }
             }
             xs[2 * g + h] = (float)(256 * sh + sl) * d;
             xi[4 * g + 2 * h] = sh;
