@@ -169,6 +169,37 @@ def test_the_widest_codes_against_the_widest_bytes_of_x_are_exact() -> None:
     assert torch.equal(torch.cat([r for r in rows if r is not None]), outs[-1])
 
 
+@pytest.mark.parametrize("x_bits", [16, 8])
+@pytest.mark.parametrize("kind", [k for k in QUANT_KINDS if k not in LEGACY])
+def test_k_forms_past_a_pass_of_rows_with_the_widest_bytes(kind: str, x_bits: int) -> None:
+    """The K forms' super-block path (AVX2: x + 128 against codes less the zero, 128 rows of x
+    a pass, an odd last row alone): rows of bytes at +-127 (x + 128 at 1 and 255, the int16
+    pair sums' extremes) and rows past the first pass stay within the bound, every ISA and
+    every row alone give the same bits."""
+    n, k, m = 40, 512, 131
+    raw = raw_rows(kind, n, k, seed=5)
+    w = NativeWeight.from_gguf(kind, raw).with_x_bits(x_bits)
+    dense = w.dequantize()
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(5))
+    x[:4] = 1.0
+    x[1] = -1.0
+    x[2, 1::2] = -1.0
+    x[3, ::5] = -1.0
+    if x_bits == 8:  # W times x rounded to one byte, within fp32 rounding
+        exact = one_byte(x, w.column_step) @ dense.double().T
+        bound = 2.0**-18 * (x.double().abs() @ terms(dense, kind, raw, k).T) + 1e-30
+    else:
+        exact = x.double() @ dense.double().T
+        bound = native_bound(x, dense, terms(dense, kind, raw, k), span=w.column_step)
+    outs = [qn.native_quant_linear(x, w, isa=isa) for isa in ISAS]
+    for isa, out in zip(ISAS, outs, strict=True):
+        assert out is not None
+        assert bool(((out.double() - exact).abs() <= bound).all()), isa
+    assert all(torch.equal(outs[0], o) for o in outs)
+    for i in (0, 1, 2, 3, 127, 128, 129, 130):
+        assert torch.equal(qn.native_quant_linear(x[i : i + 1], w), outs[-1][i : i + 1]), i
+
+
 def test_parts_of_different_kinds_stack_and_run_once() -> None:
     """q, k, v of Q4_K, Q4_K, Q6_K (llama.cpp's Q4_K_M): Q4_K parts join, Q6_K stays its own,
     nothing is widened; the product equals the parts' products."""

@@ -170,6 +170,137 @@ PLAIT_INLINE void QF(tile4k)(const int LO, const int planes, const plait_qpart_t
     }
 }
 
+#if QMM_W == 8 && defined(QMM_DP16)
+/* ---- K forms on AVX2: each super-block decoded once for many rows of x --------------------
+ * tile4k decodes a group's codes again for every four rows of x and broadcasts x's bytes
+ * against registers of codes. Here a super-block of a block (8 groups, both parts of 8 rows)
+ * is decoded once into D as signed bytes c - zero, and every row of x takes it: x + 128 is
+ * the unsigned operand of vpmaddubsw, broadcast once for both parts, and the codes its
+ * signed operand, read from D. sum (x + 128)(c - zero) - 128 sum (c - zero) is tile4k's
+ * sum x (c - zero) exactly (the second term, times the sub-scales, starts every row's th and
+ * tl: K), so the integers, and the bits, are tile4k's; the zero's term costs nothing per row. */
+#define SB_ROWS 128 /* rows of x per pass over a block (their sums: 8 KiB) */
+
+/* Super-block u of block blk: D[((g * 2 + h) * 8 + t) * 32 ..] holds group g's V[t] of part
+ * h as c - zero; W[(g * 2 + h) * 2 + j] the sub-scales of half j as int16 pairs (dots_k's
+ * weights); K[h] = -128 sum_j sc_j sum(c - zero) over the super-block. */
+PLAIT_INLINE void QF(sb_decode)(const int planes, const plait_qpart_t *p, int64_t k, int64_t blk,
+                                int64_t u, int8_t *D, QV_I16 *W, QV_I32 K[2]) {
+    const int64_t gc = k / 32, gbytes = qmm_group_bytes(planes);
+    const int subs = p->sub == 16 ? 2 : 1;
+    const uint8_t *codes = p->codes + (blk * gc + 8 * u) * gbytes;
+    const int8_t *sc = (const int8_t *)p->scales + (blk * gc + 8 * u) * subs * 16;
+    const QV_U8 zero = (QV_U8){} + (uint8_t)p->zero, ones = (QV_U8){} + 1;
+    for (int64_t line = 0; line < 8 * gbytes; line += 64)
+        __builtin_prefetch(codes + 8 * gbytes + line, 0, 3);
+    K[0] = K[1] = (QV_I32){0};
+    for (int g = 0; g < 8; ++g)
+        for (int h = 0; h < 2; ++h) {
+            QV_U8 V[8];
+            QF(decode)(planes, codes + g * gbytes + 4 * QMM_W * h, V);
+            for (int j = 0; j < 2; ++j) {
+                QV_I16 sums = {0};
+                for (int t = 4 * j; t < 4 * j + 4; ++t) {
+                    const QV_U8 w = V[t] - zero;
+                    memcpy(D + ((g * 2 + h) * 8 + t) * 32, &w, sizeof w);
+                    sums += QMM_DP16(ones, (QV_I8)w);
+                }
+                const QV_I32 sj = QF(load_i8)(sc + 16 * (subs * g + j * (subs - 1)) + QMM_W * h);
+                W[(g * 2 + h) * 2 + j] = (QV_I16)((sj & 0xffff) | (sj * 65536));
+                K[h] -= 128 * sj * QMM_MADD16((QV_I32){0}, sums, (QV_I16){} + 1);
+            }
+        }
+}
+
+/* R rows of x (R = 2 with one byte, 1 with two: the sums' registers) from x0 (their
+ * super-block's bytes, rows 2 k apart) against a decoded super-block: th[r][h], tl[r][h]
+ * for row r and part h, dots_k's integers summed over the super-block. */
+PLAIT_INLINE void QF(sb_dots)(const int LO, const int R, const int fold, const int8_t *D,
+                              const QV_I16 *W, const QV_I32 K[2], const uint8_t *x0, int64_t k,
+                              QV_I32 th[2][2], QV_I32 tl[2][2]) {
+#pragma GCC unroll 2
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; ++h) {
+            th[r][h] = K[h];
+            tl[r][h] = LO ? K[h] : (QV_I32){0};
+        }
+    for (int g = 0; g < 8; ++g) {
+        const int8_t *Dg = D + 512 * g;
+        const QV_I16 *Wg = W + 4 * g;
+        const uint8_t *xg = x0 + 64 * g;
+#pragma GCC unroll 2
+        for (int j = 0; j < 2; ++j)
+#pragma GCC unroll 4
+            for (int f = 4 * j; f < 4 * j + 4; f += fold)
+#pragma GCC unroll 2
+                for (int r = 0; r < R; ++r)
+#pragma GCC unroll 2
+                    for (int b = 0; b < 1 + LO; ++b) { /* hi into th, then lo into tl */
+                        QV_U8 xb[4];
+#pragma GCC unroll 4
+                        for (int t = 0; t < fold; ++t) {
+                            int32_t v;
+                            memcpy(&v, xg + r * 2 * k + 32 * b + 4 * (f + t), sizeof v);
+                            xb[t] = (QV_U8)((QV_I32){} + v);
+                        }
+#pragma GCC unroll 2
+                        for (int h = 0; h < 2; ++h) {
+                            QV_I16 sum = {0};
+#pragma GCC unroll 4
+                            for (int t = 0; t < fold; ++t) {
+                                QV_I8 w;
+                                memcpy(&w, Dg + 256 * h + 32 * (f + t), sizeof w);
+                                sum += QMM_DP16(xb[t], w);
+                            }
+                            QV_I32 *acc = b ? &tl[r][h] : &th[r][h];
+                            *acc = QMM_MADD16(*acc, sum, Wg[2 * h + j]);
+                        }
+                    }
+    }
+}
+
+/* Rows i0 .. i1 of x (a multiple of 2 rows with one byte) against block blk of a K form whose
+ * codes qmm_sb_fits: per SB_ROWS rows, per super-block, decoded once (sb_decode) for every
+ * row (sb_dots), each row's sums added as tile4k's (sk_add), in the same order. */
+PLAIT_INLINE void QF(sb_rows)(const int LO, const int planes, const plait_qpart_t *p,
+                              const qmm_act_t *a, int64_t i0, int64_t i1, int64_t blk,
+                              float *out, int64_t ldo, int rows) {
+    const int R = 2, fold = qmm_sb_fold(planes);
+    const int64_t k = a->k, gc = k / 32, supers = gc / 8;
+    const int subs = p->sub == 16 ? 2 : 1, runs = p->mins ? 8 * subs : 0;
+    int8_t D[8 * 2 * 8 * 32] __attribute__((aligned(64)));
+    QV_I16 W[32];
+    QV_I32 K[2];
+    QV_F32 T[SB_ROWS][2];
+    for (int64_t c0 = i0; c0 < i1; c0 += SB_ROWS) {
+        const int64_t c1 = c0 + SB_ROWS < i1 ? c0 + SB_ROWS : i1;
+        for (int64_t u = 0; u < supers; ++u) {
+            QV_F32 d[2], zv[2][16];
+            QF(sb_decode)(planes, p, k, blk, u, D, W, K);
+            for (int h = 0; h < 2; ++h)
+                QF(sk_scales)(p, blk, u, supers, subs, QMM_W * h, &d[h], zv[h]);
+            for (int64_t i = c0; i < c1; i += R) {
+                QV_I32 th[2][2], tl[2][2];
+                QF(sb_dots)(LO, R, fold, D, W, K, a->xu + i * 2 * k + 512 * u, k, th, tl);
+                for (int r = 0; r < R; ++r)
+                    for (int h = 0; h < 2; ++h) {
+                        const int64_t row = i + r;
+                        const QV_F32 tot = u ? T[row - c0][h] : (QV_F32){0};
+                        T[row - c0][h] = QF(sk_add)(tot, th[r][h], tl[r][h], d[h],
+                                                    a->dx[row * gc + 8 * u + 7], runs, zv[h],
+                                                    a->xs + row * 2 * gc + 16 * u, 1, subs == 1);
+                    }
+            }
+        }
+        for (int64_t row = c0; row < c1; ++row)
+            for (int h = 0; h < 2; ++h)
+                QF(store_lanes)(out + row * ldo, &T[row - c0][h], rows, QMM_W * h);
+    }
+}
+#undef SB_ROWS
+#endif
+
 #ifdef QMM_AMX
 /* One group of a K form decoded for the tiles: P = sc (code - zero) per weight row and value
  * (|P| <= 4096), its low bytes (unsigned) at lo_out and high bytes (signed) at hi_out, 512

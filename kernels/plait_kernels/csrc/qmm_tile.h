@@ -513,6 +513,20 @@ static int64_t QF(amx_rows)(const plait_qpart_t *p, const qmm_act_t *a, int64_t 
 }
 #endif
 
+#if QMM_W == 8 && defined(QMM_DP16)
+/* QMM_SB_MIN rows of x or more of a K form whose codes fit: sb_rows takes an even count of
+ * them, a last odd row goes on below (row1k). */
+#define QMM_SB_ROWS(PLANES)                                                                        \
+    if (qmm_sb_fold(PLANES) > 0 && sk && a->xu && a->m - i >= QMM_SB_MIN &&                        \
+        qmm_sb_fits(PLANES, p->zero)) {                                                            \
+        const int64_t end = i + ((a->m - i) & ~(int64_t)1);                                        \
+        QF(sb_rows)(LO, PLANES, p, a, i, end, blk, out, ldo, rows);                                \
+        i = end;                                                                                   \
+    }
+#else
+#define QMM_SB_ROWS(PLANES)
+#endif
+
 /* Rows i0.. of x against one block: four at a time, then one by one (two specializations per
  * plane kind keep the build short: a decode batch of 2 or 3 decodes its codes 2 or 3 times,
  * cheap beside reading them), each built for x with lo bytes and without (a->lo). */
@@ -522,6 +536,7 @@ static int64_t QF(amx_rows)(const plait_qpart_t *p, const qmm_act_t *a, int64_t 
                                            const float *S, const float *Z, float *out,            \
                                            int64_t ldo, int rows) {                               \
         const int sk = p->scale_form == QMM_SK;                                                    \
+        QMM_SB_ROWS(PLANES)                                                                        \
         for (; i + 4 <= a->m; i += 4) {                                                            \
             if (sk)                                                                                \
                 QF(tile4k)(LO, PLANES, p, a, i, blk, out + i * ldo, ldo, rows);                    \
@@ -597,6 +612,7 @@ static void QF(blocks)(const plait_qpart_t *p, const qmm_act_t *a, int64_t blk0,
 }
 
 #undef QMM_DEFINE_ROWS
+#undef QMM_SB_ROWS
 #undef QV_U8
 #undef QV_I8
 #undef QV_U16

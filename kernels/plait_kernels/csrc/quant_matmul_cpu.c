@@ -74,6 +74,8 @@ typedef struct {
     const float *dxt, *xs1t, *xs2t;
     int xpair;
     int lo; /* x has lo bytes (the weight's x_bits 16); with 8 they are zeros */
+    /* AVX2 with K-quant parts and m >= QMM_SB_MIN (else NULL): xq + 128, unsigned (sb_rows) */
+    const uint8_t *xu;
 } qmm_act_t;
 
 PLAIT_INLINE int64_t qmm_group_bytes(int planes) {
@@ -88,6 +90,29 @@ PLAIT_INLINE int64_t qmm_group_bytes(int planes) {
 PLAIT_INLINE int qmm_fold(int planes) {
     static const int fold[] = {4, 0, 4, 2, 4, 4, 0}; /* codes below 16, 256, 32, 64, 4, 8, 242 */
     return fold[planes];
+}
+
+/* The fewest rows of x the K forms' super-block path on AVX2 (sb_rows, qmm_ktile.h) takes;
+ * fewer take tile4k: a super-block decoded for 4 rows cost more than it saved (0.80-0.92x at
+ * 4 rows, about even at 8 and 12, 1.02-1.18x at 16: Q4_K and Q6_K of a 1B-class model, one
+ * thread of an AVX2 EPYC). */
+#define QMM_SB_MIN 16
+
+/* That path multiplies x + 128 (unsigned) against the codes less the part's zero (signed): a
+ * pair then sums to at most 2 * 255 * max|code - zero|, and qmm_sb_fold(planes) pairs must
+ * stay within 32767. 0 where the path does not take the planes; qmm_sb_fits checks a part's
+ * zero against the bound. */
+PLAIT_INLINE int qmm_sb_fold(int planes) {
+    static const int fold[] = {4, 0, 2, 2, 4, 4, 0};
+    return fold[planes];
+}
+
+PLAIT_INLINE int qmm_sb_fits(int planes, int32_t zero) {
+    static const int top[] = {15, 255, 31, 63, 3, 7, 241}; /* the largest code */
+    const int fold = qmm_sb_fold(planes);
+    if (fold == 0 || zero < 0 || zero > top[planes]) return 0;
+    const int most = zero > top[planes] - zero ? zero : top[planes] - zero;
+    return fold * 2 * 255 * most <= 32767;
 }
 
 PLAIT_INLINE int64_t qmm_scale_bytes(int form) { return form == QMM_SF32 ? 4 : form == QMM_SF16 ? 2 : 1; }
@@ -511,6 +536,7 @@ typedef struct {
     int64_t ldx, span;
     qmm_act_t act;
     int8_t *xq, *xt;
+    uint8_t *xu;
     float *dx, *xs, *dxt, *xs1t, *xs2t;
     int32_t *xi;
 } xjob_t;
@@ -523,6 +549,8 @@ PLAIT_CLONES static void quantize_part(void *ctx, int part, int parts) {
     for (int64_t i = r0; i < r1; ++i)
         quantize_row(j->x + i * j->ldx, k, j->span, j->act.lo, j->xq + 2 * i * k, j->dx + i * gc,
                      j->xs + i * 2 * gc, j->xi + i * 4 * gc);
+    if (j->xu != NULL)
+        for (int64_t b = 2 * r0 * k; b < 2 * r1 * k; ++b) j->xu[b] = (uint8_t)(j->xq[b] ^ 0x80);
     if (j->xt != NULL) tile_rows(&j->act, j->span == 256, r0, r1, j->xt, j->dxt, j->xs1t, j->xs2t);
 }
 
@@ -562,11 +590,14 @@ int plait_qmm_f32(int isa, int threads, plait_pool_fn pool, const float *x, int6
     size_t xq_bytes = ((size_t)(2 * m * k) + 63) & ~(size_t)63, xt_bytes = (size_t)(2 * m16 * k);
     size_t floats = (size_t)(3 * m * gc + 4 * m16 * gc), ints = (size_t)(4 * m * gc);
     size_t sums = (sizeof(float) * (floats + ints) + 63) & ~(size_t)63; /* xt on a line */
-    char *buf = scratch(0, xq_bytes + sums + xt_bytes);
+    const size_t xu_bytes = isa == ISA_AVX2 && m >= QMM_SB_MIN && span == 256 ? xq_bytes : 0;
+    char *buf = scratch(0, xq_bytes + sums + xt_bytes + xu_bytes);
     if (buf == NULL) return -1;
-    xjob_t xj = {x, ldx, span, {0}, (int8_t *)buf, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    xjob_t xj = {x, ldx, span, {0}, (int8_t *)buf, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
     xj.dx = (float *)(buf + xq_bytes), xj.xs = xj.dx + m * gc, xj.xi = (int32_t *)(xj.xs + 2 * m * gc);
-    xj.act = (qmm_act_t){xj.xq, xj.dx, xj.xs, xj.xi, m, k, NULL, NULL, NULL, NULL, 0, w->x_bits == 16};
+    xj.act = (qmm_act_t){xj.xq, xj.dx, xj.xs, xj.xi, m, k, NULL, NULL, NULL, NULL, 0,
+                         w->x_bits == 16, NULL};
+    if (xu_bytes > 0) xj.xu = (uint8_t *)(buf + xq_bytes + sums + xt_bytes), xj.act.xu = xj.xu;
     if (tiled) {
         xj.dxt = (float *)(xj.xi + 4 * m * gc), xj.xs1t = xj.dxt + m16 * gc;
         xj.xs2t = xj.xs1t + m16 * gc, xj.xt = (int8_t *)(buf + xq_bytes + sums);
