@@ -6,8 +6,9 @@
  * sub-scales fold into the sums: th = sum_j sc_j sum_{k in j} hi_k (code_k - zero) and tl the
  * same of lo (exact in int32: |hi|, |lo| <= 127, |sc (code - zero)| <= 4096, 256
  * values).
- * Every path (one row, four, the AMX tiles) gets the same integers however it sums them, and
- * adds a super-block to tot through sk_add, so a row gets the same bits on any path. */
+ * Every path (one row, four, AVX2's super-blocks, the AMX tiles) gets the same integers however
+ * it sums them, and adds a super-block to tot through sk_add, so a row gets the same bits on
+ * any path. */
 
 /* QMM_W int8 -> QMM_W int32 lanes (QMM_I8I32 where the ISA has it: GCC builds AVX2's
  * conversion of eight bytes from scalars). */
@@ -212,14 +213,14 @@ PLAIT_INLINE void QF(sb_decode)(const int planes, const plait_qpart_t *p, int64_
         }
 }
 
-/* R rows of x (R = 2 with one byte, 1 with two: the sums' registers) from x0 (their
- * super-block's bytes, rows 2 k apart) against a decoded super-block: th[r][h], tl[r][h]
- * for row r and part h, dots_k's integers summed over the super-block. */
-PLAIT_INLINE void QF(sb_dots)(const int LO, const int R, const int fold, const int8_t *D,
+/* Two rows of x from x0 (their super-block's bytes + 128, rows 2 k apart) against a decoded
+ * super-block: th[r][h], tl[r][h] for row r and part h, dots_k's integers summed over the
+ * super-block (hi, then lo, each against both parts: the sums' registers). */
+PLAIT_INLINE void QF(sb_dots)(const int LO, const int fold, const int8_t *D,
                               const QV_I16 *W, const QV_I32 K[2], const uint8_t *x0, int64_t k,
                               QV_I32 th[2][2], QV_I32 tl[2][2]) {
 #pragma GCC unroll 2
-    for (int r = 0; r < R; ++r)
+    for (int r = 0; r < 2; ++r)
 #pragma GCC unroll 2
         for (int h = 0; h < 2; ++h) {
             th[r][h] = K[h];
@@ -234,7 +235,7 @@ PLAIT_INLINE void QF(sb_dots)(const int LO, const int R, const int fold, const i
 #pragma GCC unroll 4
             for (int f = 4 * j; f < 4 * j + 4; f += fold)
 #pragma GCC unroll 2
-                for (int r = 0; r < R; ++r)
+                for (int r = 0; r < 2; ++r)
 #pragma GCC unroll 2
                     for (int b = 0; b < 1 + LO; ++b) { /* hi into th, then lo into tl */
                         QV_U8 xb[4];
@@ -260,30 +261,33 @@ PLAIT_INLINE void QF(sb_dots)(const int LO, const int R, const int fold, const i
     }
 }
 
-/* Rows i0 .. i1 of x (a multiple of 2 rows with one byte) against block blk of a K form whose
- * codes qmm_sb_fits: per SB_ROWS rows, per super-block, decoded once (sb_decode) for every
- * row (sb_dots), each row's sums added as tile4k's (sk_add), in the same order. */
+/* Rows i0 .. i1 of x (an even count) against block blk of a K form whose codes qmm_sb_fits:
+ * in passes of at most SB_ROWS rows (split evenly, so no short pass decodes the block again
+ * for a few rows), per super-block, decoded once (sb_decode) for every row of the pass, two
+ * rows at a time (sb_dots), each row's sums added as tile4k's (sk_add), in the same order. */
 PLAIT_INLINE void QF(sb_rows)(const int LO, const int planes, const plait_qpart_t *p,
                               const qmm_act_t *a, int64_t i0, int64_t i1, int64_t blk,
                               float *out, int64_t ldo, int rows) {
-    const int R = 2, fold = qmm_sb_fold(planes);
+    const int fold = qmm_sb_fold(planes);
     const int64_t k = a->k, gc = k / 32, supers = gc / 8;
     const int subs = p->sub == 16 ? 2 : 1, runs = p->mins ? 8 * subs : 0;
     int8_t D[8 * 2 * 8 * 32] __attribute__((aligned(64)));
     QV_I16 W[32];
     QV_I32 K[2];
     QV_F32 T[SB_ROWS][2];
-    for (int64_t c0 = i0; c0 < i1; c0 += SB_ROWS) {
-        const int64_t c1 = c0 + SB_ROWS < i1 ? c0 + SB_ROWS : i1;
+    const int64_t passes = (i1 - i0 + SB_ROWS - 1) / SB_ROWS;
+    const int64_t step = ((i1 - i0 + passes - 1) / passes + 1) & ~(int64_t)1; /* <= SB_ROWS */
+    for (int64_t c0 = i0; c0 < i1; c0 += step) {
+        const int64_t c1 = c0 + step < i1 ? c0 + step : i1;
         for (int64_t u = 0; u < supers; ++u) {
             QV_F32 d[2], zv[2][16];
             QF(sb_decode)(planes, p, k, blk, u, D, W, K);
             for (int h = 0; h < 2; ++h)
                 QF(sk_scales)(p, blk, u, supers, subs, QMM_W * h, &d[h], zv[h]);
-            for (int64_t i = c0; i < c1; i += R) {
+            for (int64_t i = c0; i < c1; i += 2) {
                 QV_I32 th[2][2], tl[2][2];
-                QF(sb_dots)(LO, R, fold, D, W, K, a->xu + i * 2 * k + 512 * u, k, th, tl);
-                for (int r = 0; r < R; ++r)
+                QF(sb_dots)(LO, fold, D, W, K, a->xu + i * 2 * k + 512 * u, k, th, tl);
+                for (int r = 0; r < 2; ++r)
                     for (int h = 0; h < 2; ++h) {
                         const int64_t row = i + r;
                         const QV_F32 tot = u ? T[row - c0][h] : (QV_F32){0};
