@@ -22,29 +22,48 @@ PLAIT_INLINE QV_I32 QF(load_i8)(const int8_t *p) {
 #endif
 }
 
-/* Super-block u (of `supers` per row) of block blk's float scales, of its QMM_W rows from r0:
- * d, and with mins each run's -(dmin * mn) in zv[0 .. 8 * subs). */
+/* Super-block u (of `supers` per row) of block blk's scales, of its QMM_W rows from r0: d, and
+ * with mins -dmin in dm and each run's mins in mv[0 .. 8 * subs). */
 PLAIT_INLINE void QF(sk_scales)(const plait_qpart_t *p, int64_t blk, int64_t u, int64_t supers,
-                                int subs, int r0, QV_F32 *d, QV_F32 *zv) {
+                                int subs, int r0, QV_F32 *d, QV_F32 *dm, QV_I32 *mv) {
     const int64_t at = (blk * supers + u) * 16 + r0;
     *d = QMM_CVTPH(p->d + at);
     if (p->mins == NULL) return;
-    const QV_F32 dm = QMM_CVTPH(p->dmin + at);
+    *dm = -QMM_CVTPH(p->dmin + at);
     const int8_t *mn = (const int8_t *)p->mins + (blk * supers + u) * 128 * subs + r0;
-    for (int j = 0; j < 8 * subs; ++j) zv[j] = -(dm * QMM_CVTI8(mn + 16 * j));
+    for (int j = 0; j < 8 * subs; ++j) mv[j] = QF(load_i8)(mn + 16 * j);
 }
 
-/* One row of x's sums th, tl of a super-block (its scales from sk_scales) added to tot in fp32,
- * (256 th + tl) * (d dx), then the mins' zv[j] * sum(x) of each of `runs` runs (0 without
- * mins) in order, sum(x) of run j being xs[j * stride] (or with `pair` xs[2 j stride] +
- * xs[(2 j + 1) stride], sums of 16). */
-PLAIT_INLINE QV_F32 QF(sk_add)(QV_F32 tot, QV_I32 th, QV_I32 tl, QV_F32 d, float dx, int runs,
-                               const QV_F32 *zv, const float *xs, int64_t stride, int pair) {
+/* One row of x's mins term of a super-block in integers: mh = sum_j mv[j] sh[j] over `runs`
+ * runs, ml the same of sl (the row's run sums, qmm_runs; sl NULL: x has no lo). Exact, so any
+ * path's way of summing them gives the same mh, ml. */
+PLAIT_INLINE void QF(sk_mins)(const QV_I32 *mv, int runs, const int16_t *sh, const int16_t *sl,
+                              QV_I32 *mh, QV_I32 *ml) {
+    QV_I32 h = {0}, l = {0};
+    for (int j = 0; j < runs; ++j) {
+        h += mv[j] * (int32_t)sh[j];
+        if (sl != NULL) l += mv[j] * (int32_t)sl[j];
+    }
+    *mh = h, *ml = l;
+}
+
+/* sk_mins of row `row` of x over super-block u (8 subs runs of 32 / subs values). */
+PLAIT_INLINE void QF(sk_row_mins)(const int LO, const qmm_act_t *a, int64_t row, int64_t u,
+                                  int subs, const QV_I32 *mv, QV_I32 *mh, QV_I32 *ml) {
+    const int runs = 8 * subs;
+    const int16_t *sh = qmm_runs(a, row, 32 / subs, 0) + runs * u;
+    QF(sk_mins)(mv, runs, sh, LO ? qmm_runs(a, row, 32 / subs, 1) + runs * u : NULL, mh, ml);
+}
+
+/* One row of x's sums th, tl of a super-block (its scales from sk_scales) added to tot in fp32:
+ * (256 th + tl) * (d dx), then with `mins` the mins' (256 mh + ml) * (-dmin dx) (sk_mins). */
+PLAIT_INLINE QV_F32 QF(sk_add)(QV_F32 tot, QV_I32 th, QV_I32 tl, QV_F32 d, float dx, int mins,
+                               QV_F32 dm, QV_I32 mh, QV_I32 ml) {
     QV_F32 f = __builtin_convertvector(th, QV_F32) * 256.0f + __builtin_convertvector(tl, QV_F32);
     tot += f * (d * dx);
-    for (int j = 0; j < runs; ++j) {
-        float sx = pair ? xs[2 * j * stride] + xs[(2 * j + 1) * stride] : xs[j * stride];
-        tot += zv[j] * sx;
+    if (mins) {
+        f = __builtin_convertvector(mh, QV_F32) * 256.0f + __builtin_convertvector(ml, QV_F32);
+        tot += f * (dm * dx);
     }
     return tot;
 }
@@ -99,10 +118,8 @@ PLAIT_INLINE void QF(row1k)(const int LO, const int planes, const int SUBS, cons
     const uint8_t *codes = p->codes + blk * gc * gbytes;
     const int8_t *x = a->xq + i0 * 2 * a->k;
     const int8_t *sc = (const int8_t *)p->scales + blk * runs * 16;
-    const int8_t *mn = p->mins ? (const int8_t *)p->mins + blk * runs * 16 : NULL;
     const float *dx = a->dx + i0 * gc;
     const int32_t *xi = a->xi + i0 * 4 * gc;
-    const float *xs = a->xs + i0 * 2 * gc;
     const int parts = (rows + QMM_W - 1) / QMM_W;
     QV_F32 tot[QMM_HALVES] = {{0}};
     QV_I32 th[QMM_HALVES] = {{0}}, tl[QMM_HALVES] = {{0}};
@@ -119,10 +136,11 @@ PLAIT_INLINE void QF(row1k)(const int LO, const int planes, const int SUBS, cons
                        &tl[hf]);
             if ((g & 7) == 7) {
                 const int64_t u = g >> 3;
-                QV_F32 d, zv[16];
-                QF(sk_scales)(p, blk, u, gc / 8, SUBS, r0, &d, zv);
-                tot[hf] = QF(sk_add)(tot[hf], th[hf], tl[hf], d, dx[g], mn ? 8 * SUBS : 0, zv,
-                                     xs + 16 * u, 1, SUBS == 1);
+                QV_F32 d, dm = {0};
+                QV_I32 mv[16], mh = {0}, ml = {0};
+                QF(sk_scales)(p, blk, u, gc / 8, SUBS, r0, &d, &dm, mv);
+                if (p->mins != NULL) QF(sk_row_mins)(LO, a, i0, u, SUBS, mv, &mh, &ml);
+                tot[hf] = QF(sk_add)(tot[hf], th[hf], tl[hf], d, dx[g], p->mins != NULL, dm, mh, ml);
                 th[hf] = tl[hf] = (QV_I32){0};
             }
         }
@@ -138,7 +156,6 @@ PLAIT_INLINE void QF(tile4k)(const int LO, const int planes, const plait_qpart_t
     const int subs = p->sub == 16 ? 2 : 1;
     const uint8_t *codes = p->codes + blk * gc * gbytes;
     const int8_t *sc = (const int8_t *)p->scales + blk * gc * subs * 16;
-    const int8_t *mn = p->mins ? (const int8_t *)p->mins + blk * gc * subs * 16 : NULL;
     for (int r0 = 0; r0 < rows; r0 += QMM_W) {
         QV_F32 tot[4] = {{0}};
         QV_I32 th[4] = {{0}}, tl[4] = {{0}};
@@ -157,12 +174,14 @@ PLAIT_INLINE void QF(tile4k)(const int LO, const int planes, const plait_qpart_t
             }
             if ((g & 7) == 7) {
                 const int64_t u = g >> 3;
-                QV_F32 d, zv[16];
-                QF(sk_scales)(p, blk, u, gc / 8, subs, r0, &d, zv);
+                QV_F32 d, dm = {0};
+                QV_I32 mv[16];
+                QF(sk_scales)(p, blk, u, gc / 8, subs, r0, &d, &dm, mv);
                 for (int i = 0; i < 4; ++i) {
+                    QV_I32 mh = {0}, ml = {0};
+                    if (p->mins != NULL) QF(sk_row_mins)(LO, a, i0 + i, u, subs, mv, &mh, &ml);
                     tot[i] = QF(sk_add)(tot[i], th[i], tl[i], d, a->dx[(i0 + i) * gc + g],
-                                        mn ? 8 * subs : 0, zv, a->xs + (i0 + i) * 2 * gc + 16 * u,
-                                        1, subs == 1);
+                                        p->mins != NULL, dm, mh, ml);
                     th[i] = tl[i] = (QV_I32){0};
                 }
             }
@@ -213,11 +232,11 @@ PLAIT_INLINE void QF(sb_decode)(const int planes, const plait_qpart_t *p, int64_
         }
 }
 
-/* Two rows of x from x0 (their super-block's bytes + 128, rows 2 k apart) against a decoded
+/* Two rows of x from x0 (their super-block's bytes + 128, qmm_xu: rows rb apart) against a decoded
  * super-block: th[r][h], tl[r][h] for row r and part h, dots_k's integers summed over the
  * super-block (hi, then lo, each against both parts: the sums' registers). */
 PLAIT_INLINE void QF(sb_dots)(const int LO, const int fold, const int8_t *D,
-                              const QV_I16 *W, const QV_I32 K[2], const uint8_t *x0, int64_t k,
+                              const QV_I16 *W, const QV_I32 K[2], const uint8_t *x0, int64_t rb,
                               QV_I32 th[2][2], QV_I32 tl[2][2]) {
 #pragma GCC unroll 2
     for (int r = 0; r < 2; ++r)
@@ -226,10 +245,10 @@ PLAIT_INLINE void QF(sb_dots)(const int LO, const int fold, const int8_t *D,
             th[r][h] = K[h];
             tl[r][h] = LO ? K[h] : (QV_I32){0};
         }
-    for (int g = 0; g < 8; ++g) {
+    const uint8_t *xr[2] = {x0, x0 + rb}; /* each row's group g, a pointer apiece */
+    for (int g = 0; g < 8; ++g, xr[0] += 32, xr[1] += 32) {
         const int8_t *Dg = D + 512 * g;
         const QV_I16 *Wg = W + 4 * g;
-        const uint8_t *xg = x0 + 64 * g;
 #pragma GCC unroll 2
         for (int j = 0; j < 2; ++j)
 #pragma GCC unroll 4
@@ -242,7 +261,7 @@ PLAIT_INLINE void QF(sb_dots)(const int LO, const int fold, const int8_t *D,
 #pragma GCC unroll 4
                         for (int t = 0; t < fold; ++t) {
                             int32_t v;
-                            memcpy(&v, xg + r * 2 * k + 32 * b + 4 * (f + t), sizeof v);
+                            memcpy(&v, xr[r] + 256 * b + 4 * (f + t), sizeof v);
                             xb[t] = (QV_U8)((QV_I32){} + v);
                         }
 #pragma GCC unroll 2
@@ -261,6 +280,25 @@ PLAIT_INLINE void QF(sb_dots)(const int LO, const int fold, const int8_t *D,
     }
 }
 
+/* One row of x's mins of a super-block for both parts (sk_mins' integers): its run sums sh (and
+ * sl, NULL without lo) in int32 pairs against MW[h][q], the mins of runs 2 q and 2 q + 1. */
+PLAIT_INLINE void QF(sb_mins)(int runs, QV_I16 MW[2][8], const int16_t *sh,
+                              const int16_t *sl, QV_I32 mh[2], QV_I32 ml[2]) {
+    mh[0] = mh[1] = ml[0] = ml[1] = (QV_I32){0};
+    for (int q = 0; q < runs / 2; ++q) {
+        int32_t v;
+        memcpy(&v, sh + 2 * q, sizeof v);
+        const QV_I16 b = (QV_I16)((QV_I32){} + v);
+        mh[0] = QMM_MADD16(mh[0], b, MW[0][q]);
+        mh[1] = QMM_MADD16(mh[1], b, MW[1][q]);
+        if (sl == NULL) continue;
+        memcpy(&v, sl + 2 * q, sizeof v);
+        const QV_I16 c = (QV_I16)((QV_I32){} + v);
+        ml[0] = QMM_MADD16(ml[0], c, MW[0][q]);
+        ml[1] = QMM_MADD16(ml[1], c, MW[1][q]);
+    }
+}
+
 /* Rows i0 .. i1 of x (an even count) against block blk of a K form whose codes qmm_sb_fits:
  * in passes of at most SB_ROWS rows (split evenly, so no short pass decodes the block again
  * for a few rows), per super-block, decoded once (sb_decode) for every row of the pass, two
@@ -272,7 +310,7 @@ PLAIT_INLINE void QF(sb_rows)(const int LO, const int planes, const plait_qpart_
     const int64_t k = a->k, gc = k / 32, supers = gc / 8;
     const int subs = p->sub == 16 ? 2 : 1, runs = p->mins ? 8 * subs : 0;
     int8_t D[8 * 2 * 8 * 32] __attribute__((aligned(64)));
-    QV_I16 W[32];
+    QV_I16 W[32], MW[2][8];
     QV_I32 K[2];
     QV_F32 T[SB_ROWS][2];
     const int64_t passes = (i1 - i0 + SB_ROWS - 1) / SB_ROWS;
@@ -280,21 +318,30 @@ PLAIT_INLINE void QF(sb_rows)(const int LO, const int planes, const plait_qpart_
     for (int64_t c0 = i0; c0 < i1; c0 += step) {
         const int64_t c1 = c0 + step < i1 ? c0 + step : i1;
         for (int64_t u = 0; u < supers; ++u) {
-            QV_F32 d[2], zv[2][16];
+            QV_F32 d[2], dm[2] = {{0}};
             QF(sb_decode)(planes, p, k, blk, u, D, W, K);
-            for (int h = 0; h < 2; ++h)
-                QF(sk_scales)(p, blk, u, supers, subs, QMM_W * h, &d[h], zv[h]);
+            for (int h = 0; h < 2; ++h) {
+                QV_I32 mv[16];
+                QF(sk_scales)(p, blk, u, supers, subs, QMM_W * h, &d[h], &dm[h], mv);
+                for (int q = 0; q < runs / 2; ++q)
+                    MW[h][q] = (QV_I16)((mv[2 * q] & 0xffff) | (mv[2 * q + 1] * 65536));
+            }
             for (int64_t i = c0; i < c1; i += 2) {
                 QV_I32 th[2][2], tl[2][2];
-                QF(sb_dots)(LO, fold, D, W, K, a->xu + i * 2 * k + 512 * u, k, th, tl);
-                for (int r = 0; r < 2; ++r)
+                QF(sb_dots)(LO, fold, D, W, K, qmm_xu(a, i, u), 256 * (1 + LO), th, tl);
+                for (int r = 0; r < 2; ++r) {
+                    const int64_t row = i + r;
+                    QV_I32 mh[2], ml[2];
+                    const int16_t *sh = qmm_runs(a, row, 32 / subs, 0) + runs * u;
+                    QF(sb_mins)(runs, MW, sh, LO ? qmm_runs(a, row, 32 / subs, 1) + runs * u : NULL,
+                                mh, ml);
                     for (int h = 0; h < 2; ++h) {
-                        const int64_t row = i + r;
                         const QV_F32 tot = u ? T[row - c0][h] : (QV_F32){0};
                         T[row - c0][h] = QF(sk_add)(tot, th[r][h], tl[r][h], d[h],
-                                                    a->dx[row * gc + 8 * u + 7], runs, zv[h],
-                                                    a->xs + row * 2 * gc + 16 * u, 1, subs == 1);
+                                                    a->dx[row * gc + 8 * u + 7], runs > 0, dm[h],
+                                                    mh[h], ml[h]);
                     }
+                }
             }
         }
         for (int64_t row = c0; row < c1; ++row)
@@ -351,20 +398,18 @@ static void QF(decode_block_k)(const plait_qpart_t *p, int64_t k, int64_t blk, u
 
 /* Rows lo .. hi of the sixteen rows of x from i0: super-block u's four stored tiles (acc: 0, 1
  * hi x the low and high bytes of P, 2, 3 lo x the same) added to their sums in T through
- * sk_add, with the super-block's scales d, zv (sk_scales; `runs` of mins, 0 without). */
-PLAIT_INLINE void QF(amx_sk_rows)(const qmm_act_t *a, int64_t i0, int64_t u, int subs, int runs,
-                                  f32x16 d, const f32x16 *zv, const int32_t *acc, float *T,
-                                  int lo, int hi) {
-    const int64_t first = i0 / 16 * (a->k / 32) + 8 * u;
-    const float *dx = a->dxt + 16 * first;
-    const float *xs = subs == 1 ? a->xs1t + 16 * first : a->xs2t + 32 * first;
+ * sk_add, with the super-block's scales d, dm, mv (sk_scales; `mins`: the part has them). */
+PLAIT_INLINE void QF(amx_sk_rows)(const qmm_act_t *a, int64_t i0, int64_t u, int subs, int mins,
+                                  f32x16 d, f32x16 dm, const i32x16 *mv, const int32_t *acc,
+                                  float *T, int lo, int hi) {
+    const float *dx = a->dxt + 16 * (i0 / 16 * (a->k / 32) + 8 * u);
     for (int i = lo; i < hi; ++i) {
-        i32x16 v[4];
+        i32x16 v[4], mh = {0}, ml = {0};
         f32x16 tot;
         for (int t = 0; t < 4; ++t) memcpy(&v[t], acc + 256 * t + 16 * i, sizeof v[t]);
         memcpy(&tot, T + 16 * i, sizeof tot);
-        tot = QF(sk_add)(tot, v[0] + v[1] * 256, v[2] + v[3] * 256, d, dx[i], runs, zv, xs + i,
-                         16, 0);
+        if (mins && i0 + i < a->m) QF(sk_row_mins)(1, a, i0 + i, u, subs, mv, &mh, &ml);
+        tot = QF(sk_add)(tot, v[0] + v[1] * 256, v[2] + v[3] * 256, d, dx[i], mins, dm, mh, ml);
         memcpy(T + 16 * i, &tot, sizeof tot);
     }
 }
@@ -380,10 +425,11 @@ PLAIT_INLINE void QF(amx_sk_rows)(const qmm_act_t *a, int64_t i0, int64_t u, int
 static void QF(amx16k)(uint8_t *D, const qmm_act_t *a, int64_t i0, const plait_qpart_t *p,
                        int64_t blk0, int64_t nblk, int ring, float *T, float *out, int64_t ldo) {
     const int64_t k = a->k, supers = k / 256, pairs = k / 64;
-    const int subs = p->sub == 16 ? 2 : 1, runs = p->mins ? 8 * subs : 0;
+    const int subs = p->sub == 16 ? 2 : 1, mins = p->mins != NULL;
     const int8_t *x0 = a->xt + i0 * 2 * k;
     int32_t acc[2][1024] __attribute__((aligned(64)));
-    f32x16 d = {0}, zv[16];
+    f32x16 d = {0}, dm = {0};
+    i32x16 mv[16];
     int64_t n = 0, prev = -1, pu = 0; /* n: super-block x block runs so far */
     memset(T, 0, sizeof(float) * 256 * (size_t)nblk);
     if (ring) {
@@ -418,7 +464,7 @@ static void QF(amx16k)(uint8_t *D, const qmm_act_t *a, int64_t i0, const plait_q
                 _tile_dpbsud(2, 5, 6);
                 _tile_dpbssd(3, 5, 7);
                 if (prev >= 0) /* the last run's rows, a quarter after each pair's multiplies */
-                    QF(amx_sk_rows)(a, i0, pu, subs, runs, d, zv, acc[(n - 1) & 1],
+                    QF(amx_sk_rows)(a, i0, pu, subs, mins, d, dm, mv, acc[(n - 1) & 1],
                                     T + 256 * prev, 4 * (int)(q % 4), 4 * (int)(q % 4) + 4);
             }
             int32_t *st = acc[n & 1];
@@ -426,10 +472,10 @@ static void QF(amx16k)(uint8_t *D, const qmm_act_t *a, int64_t i0, const plait_q
             _tile_stored(1, st + 256, 64);
             _tile_stored(2, st + 512, 64);
             _tile_stored(3, st + 768, 64);
-            QF(sk_scales)(p, blk0 + b, u, supers, subs, 0, &d, zv);
+            QF(sk_scales)(p, blk0 + b, u, supers, subs, 0, &d, &dm, mv);
             prev = b, pu = u;
         }
-    QF(amx_sk_rows)(a, i0, pu, subs, runs, d, zv, acc[(n - 1) & 1], T + 256 * prev, 0, 16);
+    QF(amx_sk_rows)(a, i0, pu, subs, mins, d, dm, mv, acc[(n - 1) & 1], T + 256 * prev, 0, 16);
     for (int64_t b = 0; b < nblk; ++b) {
         const int64_t left = p->n - (blk0 + b) * 16;
         const int rows = left < 16 ? (int)left : 16;

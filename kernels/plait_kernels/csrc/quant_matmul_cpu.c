@@ -59,12 +59,14 @@ typedef float f32x8 __attribute__((vector_size(32)));
 typedef int8_t i8x8 __attribute__((vector_size(8)));
 
 /* x quantized for one call (quantize_row): xq [m, 2k] int8, dx [m, k / 32], xs [m, k / 16]
- * (the sums of every 16 values as the two bytes hold them, sum(xq) * dx) and xi [m, k / 16, 2]
- * (the integer sums of hi and of lo of every 16). */
+ * (the sums of every 16 values as the two bytes hold them, sum(xq) * dx), xi [m, k / 16, 2]
+ * (the integer sums of hi and of lo of every 16) and xr [m, 3 k / 16] the same sums as int16
+ * runs, hi's and lo's of each 16 then of each 32 (qmm_runs: a K form's mins take them). */
 typedef struct {
     const int8_t *xq;
     const float *dx, *xs;
     const int32_t *xi;
+    const int16_t *xr;
     int64_t m, k;
     /* AMX, m >= 16 (tile_rows; else NULL): xq's sixteens of rows as tiles (the last filled out
      * with zero rows), and per sixteen rows
@@ -74,9 +76,24 @@ typedef struct {
     const float *dxt, *xs1t, *xs2t;
     int xpair;
     int lo; /* x has lo bytes (the weight's x_bits 16); with 8 they are zeros */
-    /* AVX2 with K-quant parts and m >= QMM_SB_MIN (else NULL): xq + 128, unsigned (sb_rows) */
+    /* AVX2 with K-quant parts and m >= QMM_SB_MIN (else NULL): xq + 128, unsigned, laid out
+     * for sb_rows by super-block (qmm_xu) */
     const uint8_t *xu;
 } qmm_act_t;
+
+/* Row `row` of x's integer sums of hi (lo: of lo) over each run of `sub` (16 or 32) values:
+ * |sum| <= 32 * 127, so an int16 holds each and two adjacent runs are one int32 pair. */
+PLAIT_INLINE const int16_t *qmm_runs(const qmm_act_t *a, int64_t row, int sub, int lo) {
+    const int16_t *r = a->xr + row * (3 * a->k / 16);
+    return sub == 16 ? r + lo * (a->k / 16) : r + a->k / 8 + lo * (a->k / 32);
+}
+
+/* Row `row` of x + 128 over super-block u: its 256 hi bytes (then its 256 lo bytes where x
+ * has lo), every row's one after another per super-block, so that a pass of rows over a
+ * super-block reads one piece of memory (rows 2 k bytes apart would share a few cache sets). */
+PLAIT_INLINE const uint8_t *qmm_xu(const qmm_act_t *a, int64_t row, int64_t u) {
+    return a->xu + (u * a->m + row) * 256 * (1 + a->lo);
+}
 
 PLAIT_INLINE int64_t qmm_group_bytes(int planes) {
     static const int64_t bytes[] = {256, 512, 320, 384, 128, 192, 256};
@@ -128,7 +145,7 @@ PLAIT_INLINE int64_t qmm_scale_bytes(int form) { return form == QMM_SF32 ? 4 : f
  * dx = nan, so its outputs are nan. Without `lo` (a weight's x_bits 8: llama.cpp's Q8
  * activations) every lo is 0, so x is known to within dx / 2 and the kernels skip lo's dots. */
 PLAIT_INLINE void quantize_row(const float *x, int64_t k, int64_t span, int lo_bytes,
-                               int8_t *xq, float *dx, float *xs, int32_t *xi) {
+                               int8_t *xq, float *dx, float *xs, int32_t *xi, int16_t *xr) {
     float inv = 0.0f, d = 0.0f;
     for (int64_t g = 0; g * 32 < k; ++g) {
         const float *xg = x + g * 32;
@@ -175,6 +192,11 @@ PLAIT_INLINE void quantize_row(const float *x, int64_t k, int64_t span, int lo_b
             xi[4 * g + 2 * h] = sh;
             xi[4 * g + 2 * h + 1] = sl;
         }
+        const int64_t n16 = k / 16, n32 = k / 32;
+        xr[2 * g] = (int16_t)xi[4 * g], xr[2 * g + 1] = (int16_t)xi[4 * g + 2];
+        xr[n16 + 2 * g] = (int16_t)xi[4 * g + 1], xr[n16 + 2 * g + 1] = (int16_t)xi[4 * g + 3];
+        xr[2 * n16 + g] = (int16_t)(xi[4 * g] + xi[4 * g + 2]);
+        xr[2 * n16 + n32 + g] = (int16_t)(xi[4 * g + 1] + xi[4 * g + 3]);
     }
 }
 
@@ -539,7 +561,20 @@ typedef struct {
     uint8_t *xu;
     float *dx, *xs, *dxt, *xs1t, *xs2t;
     int32_t *xi;
+    int16_t *xr;
 } xjob_t;
+
+/* Rows lo .. hi of xu (qmm_xu's layout) from xq. */
+static void fill_xu(const qmm_act_t *a, uint8_t *xu, int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i)
+        for (int64_t g = 0; g < a->k / 32; ++g) {
+            const int8_t *src = a->xq + i * 2 * a->k + 64 * g;
+            uint8_t *dst = xu + (qmm_xu(a, i, g / 8) - a->xu) + 32 * (g % 8);
+            for (int t = 0; t < 32; ++t) dst[t] = (uint8_t)(src[t] ^ 0x80);
+            if (a->lo)
+                for (int t = 0; t < 32; ++t) dst[256 + t] = (uint8_t)(src[32 + t] ^ 0x80);
+        }
+}
 
 PLAIT_CLONES static void quantize_part(void *ctx, int part, int parts) {
     const xjob_t *j = ctx;
@@ -548,9 +583,8 @@ PLAIT_CLONES static void quantize_part(void *ctx, int part, int parts) {
     const int64_t r1 = end < m ? end : m;
     for (int64_t i = r0; i < r1; ++i)
         quantize_row(j->x + i * j->ldx, k, j->span, j->act.lo, j->xq + 2 * i * k, j->dx + i * gc,
-                     j->xs + i * 2 * gc, j->xi + i * 4 * gc);
-    if (j->xu != NULL)
-        for (int64_t b = 2 * r0 * k; b < 2 * r1 * k; ++b) j->xu[b] = (uint8_t)(j->xq[b] ^ 0x80);
+                     j->xs + i * 2 * gc, j->xi + i * 4 * gc, j->xr + i * 3 * k / 16);
+    if (j->xu != NULL) fill_xu(&j->act, j->xu, r0, r1);
     if (j->xt != NULL) tile_rows(&j->act, j->span == 256, r0, r1, j->xt, j->dxt, j->xs1t, j->xs2t);
 }
 
@@ -589,19 +623,21 @@ int plait_qmm_f32(int isa, int threads, plait_pool_fn pool, const float *x, int6
     const int64_t m16 = tiled ? (m + 15) / 16 * 16 : 0; /* rows as tiles: whole sixteens */
     size_t xq_bytes = ((size_t)(2 * m * k) + 63) & ~(size_t)63, xt_bytes = (size_t)(2 * m16 * k);
     size_t floats = (size_t)(3 * m * gc + 4 * m16 * gc), ints = (size_t)(4 * m * gc);
-    size_t sums = (sizeof(float) * (floats + ints) + 63) & ~(size_t)63; /* xt on a line */
+    size_t shorts = (size_t)(3 * m * k / 16);
+    size_t sums = (sizeof(float) * (floats + ints) + sizeof(int16_t) * shorts + 63) & ~(size_t)63;
     const size_t xu_bytes = isa == ISA_AVX2 && m >= QMM_SB_MIN && span == 256 ? xq_bytes : 0;
     char *buf = scratch(0, xq_bytes + sums + xt_bytes + xu_bytes);
     if (buf == NULL) return -1;
-    xjob_t xj = {x, ldx, span, {0}, (int8_t *)buf, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    xjob_t xj = {x, ldx, span, {0}, (int8_t *)buf, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
     xj.dx = (float *)(buf + xq_bytes), xj.xs = xj.dx + m * gc, xj.xi = (int32_t *)(xj.xs + 2 * m * gc);
-    xj.act = (qmm_act_t){xj.xq, xj.dx, xj.xs, xj.xi, m, k, NULL, NULL, NULL, NULL, 0,
+    xj.act = (qmm_act_t){xj.xq, xj.dx, xj.xs, xj.xi, NULL, m, k, NULL, NULL, NULL, NULL, 0,
                          w->x_bits == 16, NULL};
     if (xu_bytes > 0) xj.xu = (uint8_t *)(buf + xq_bytes + sums + xt_bytes), xj.act.xu = xj.xu;
     if (tiled) {
         xj.dxt = (float *)(xj.xi + 4 * m * gc), xj.xs1t = xj.dxt + m16 * gc;
         xj.xs2t = xj.xs1t + m16 * gc, xj.xt = (int8_t *)(buf + xq_bytes + sums);
     }
+    xj.xr = (int16_t *)(xj.xi + 4 * m * gc + 4 * m16 * gc), xj.act.xr = xj.xr; /* past dxt .. xs2t */
     const int units = (int)((m + 15) / 16), helpers = units < threads ? units : threads;
     if (pool != NULL && helpers > 1)
         pool(quantize_part, &xj, helpers, helpers);
