@@ -232,29 +232,34 @@ PLAIT_INLINE void QF(sb_decode)(const int planes, const plait_qpart_t *p, int64_
         }
 }
 
-/* Two rows of x from x0 (their super-block's bytes + 128, qmm_xu: rows rb apart) against a decoded
- * super-block: th[r][h], tl[r][h] for row r and part h, dots_k's integers summed over the
- * super-block (hi, then lo, each against both parts: the sums' registers). */
-PLAIT_INLINE void QF(sb_dots)(const int LO, const int fold, const int8_t *D,
-                              const QV_I16 *W, const QV_I32 K[2], const uint8_t *x0, int64_t rb,
-                              QV_I32 th[2][2], QV_I32 tl[2][2]) {
+/* Part q (of 2 a block: its rows 8 h .. 8 h + 7 for h = q % 2) of the decoded blocks: its
+ * group g's V[t] at D + sb_dq(q) + 512 g + 32 t, its sub-scales at W[sb_wq(q) + 4 g + 2 j]. */
+PLAIT_INLINE int sb_dq(int q) { return 4096 * (q / 2) + 256 * (q % 2); }
+PLAIT_INLINE int sb_wq(int q) { return 32 * (q / 2) + 2 * (q % 2); }
+
+/* R rows of x from x0 (their super-block's bytes + 128, qmm_xu: rows rb apart) against P
+ * parts of the decoded blocks (R P = 4: two rows of one block, or one row of two blocks):
+ * th[r][q], tl[r][q] for row r and part q, dots_k's integers summed over the super-block (hi,
+ * then lo; a broadcast of x serves all P parts). */
+PLAIT_INLINE void QF(sb_dots)(const int LO, const int fold, const int R, const int P,
+                              const int8_t *D, const QV_I16 *W, const QV_I32 *K,
+                              const uint8_t *x0, int64_t rb, QV_I32 th[][4], QV_I32 tl[][4]) {
+    QV_I32 ah[2][4], al[2][4]; /* th, tl in registers (the callers' arrays hold 4 parts) */
 #pragma GCC unroll 2
-    for (int r = 0; r < 2; ++r)
-#pragma GCC unroll 2
-        for (int h = 0; h < 2; ++h) {
-            th[r][h] = K[h];
-            tl[r][h] = LO ? K[h] : (QV_I32){0};
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+        for (int q = 0; q < P; ++q) {
+            ah[r][q] = K[q];
+            al[r][q] = LO ? K[q] : (QV_I32){0};
         }
     const uint8_t *xr[2] = {x0, x0 + rb}; /* each row's group g, a pointer apiece */
     for (int g = 0; g < 8; ++g, xr[0] += 32, xr[1] += 32) {
-        const int8_t *Dg = D + 512 * g;
-        const QV_I16 *Wg = W + 4 * g;
 #pragma GCC unroll 2
         for (int j = 0; j < 2; ++j)
 #pragma GCC unroll 4
             for (int f = 4 * j; f < 4 * j + 4; f += fold)
 #pragma GCC unroll 2
-                for (int r = 0; r < 2; ++r)
+                for (int r = 0; r < R; ++r)
 #pragma GCC unroll 2
                     for (int b = 0; b < 1 + LO; ++b) { /* hi into th, then lo into tl */
                         QV_U8 xb[4];
@@ -264,90 +269,116 @@ PLAIT_INLINE void QF(sb_dots)(const int LO, const int fold, const int8_t *D,
                             memcpy(&v, xr[r] + 256 * b + 4 * (f + t), sizeof v);
                             xb[t] = (QV_U8)((QV_I32){} + v);
                         }
-#pragma GCC unroll 2
-                        for (int h = 0; h < 2; ++h) {
+#pragma GCC unroll 4
+                        for (int q = 0; q < P; ++q) {
                             QV_I16 sum = {0};
 #pragma GCC unroll 4
                             for (int t = 0; t < fold; ++t) {
                                 QV_I8 w;
-                                memcpy(&w, Dg + 256 * h + 32 * (f + t), sizeof w);
+                                memcpy(&w, D + sb_dq(q) + 512 * g + 32 * (f + t), sizeof w);
                                 sum += QMM_DP16(xb[t], w);
                             }
-                            QV_I32 *acc = b ? &tl[r][h] : &th[r][h];
-                            *acc = QMM_MADD16(*acc, sum, Wg[2 * h + j]);
+                            QV_I32 *acc = b ? &al[r][q] : &ah[r][q];
+                            *acc = QMM_MADD16(*acc, sum, W[sb_wq(q) + 4 * g + j]);
                         }
                     }
     }
+#pragma GCC unroll 2
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+        for (int q = 0; q < P; ++q) th[r][q] = ah[r][q], tl[r][q] = al[r][q];
 }
 
-/* One row of x's mins of a super-block for both parts (sk_mins' integers): its run sums sh (and
- * sl, NULL without lo) in int32 pairs against MW[h][q], the mins of runs 2 q and 2 q + 1. */
-PLAIT_INLINE void QF(sb_mins)(int runs, QV_I16 MW[2][8], const int16_t *sh,
-                              const int16_t *sl, QV_I32 mh[2], QV_I32 ml[2]) {
-    mh[0] = mh[1] = ml[0] = ml[1] = (QV_I32){0};
-    for (int q = 0; q < runs / 2; ++q) {
+/* One row of x's mins of a super-block for P parts (sk_mins' integers): its run sums sh (and
+ * sl, NULL without lo) in int32 pairs against MW[q][c], part q's mins of runs 2 c and 2 c + 1. */
+PLAIT_INLINE void QF(sb_mins)(const int P, int runs, QV_I16 MW[][8], const int16_t *sh,
+                              const int16_t *sl, QV_I32 mh[4], QV_I32 ml[4]) {
+    for (int q = 0; q < P; ++q) mh[q] = ml[q] = (QV_I32){0};
+    for (int c = 0; c < runs / 2; ++c) {
         int32_t v;
-        memcpy(&v, sh + 2 * q, sizeof v);
-        const QV_I16 b = (QV_I16)((QV_I32){} + v);
-        mh[0] = QMM_MADD16(mh[0], b, MW[0][q]);
-        mh[1] = QMM_MADD16(mh[1], b, MW[1][q]);
+        memcpy(&v, sh + 2 * c, sizeof v);
+        const QV_I16 hb = (QV_I16)((QV_I32){} + v);
+        for (int q = 0; q < P; ++q) mh[q] = QMM_MADD16(mh[q], hb, MW[q][c]);
         if (sl == NULL) continue;
-        memcpy(&v, sl + 2 * q, sizeof v);
-        const QV_I16 c = (QV_I16)((QV_I32){} + v);
-        ml[0] = QMM_MADD16(ml[0], c, MW[0][q]);
-        ml[1] = QMM_MADD16(ml[1], c, MW[1][q]);
+        memcpy(&v, sl + 2 * c, sizeof v);
+        const QV_I16 lb = (QV_I16)((QV_I32){} + v);
+        for (int q = 0; q < P; ++q) ml[q] = QMM_MADD16(ml[q], lb, MW[q][c]);
     }
 }
 
-/* Rows i0 .. i1 of x (an even count) against block blk of a K form whose codes qmm_sb_fits:
- * in passes of at most SB_ROWS rows (split evenly, so no short pass decodes the block again
- * for a few rows), per super-block, decoded once (sb_decode) for every row of the pass, two
- * rows at a time (sb_dots), each row's sums added as tile4k's (sk_add), in the same order. */
-PLAIT_INLINE void QF(sb_rows)(const int LO, const int planes, const plait_qpart_t *p,
-                              const qmm_act_t *a, int64_t i0, int64_t i1, int64_t blk,
-                              float *out, int64_t ldo, int rows) {
-    const int fold = qmm_sb_fold(planes);
+/* Super-block u of NB blocks from blk decoded (sb_decode) with their scales: d, dm and the
+ * mins' int16 pairs MW per part. */
+PLAIT_INLINE void QF(sb_prepare)(const int planes, const int NB, const plait_qpart_t *p,
+                                 int64_t k, int64_t blk, int64_t u, int8_t *D, QV_I16 *W,
+                                 QV_I32 *K, QV_F32 *d, QV_F32 *dm, QV_I16 MW[][8]) {
+    const int subs = p->sub == 16 ? 2 : 1, runs = p->mins ? 8 * subs : 0;
+    for (int b = 0; b < NB; ++b) {
+        QF(sb_decode)(planes, p, k, blk + b, u, D + 4096 * b, W + 32 * b, K + 2 * b);
+        for (int h = 0; h < 2; ++h) {
+            const int q = 2 * b + h;
+            QV_I32 mv[16];
+            QF(sk_scales)(p, blk + b, u, k / 256, subs, QMM_W * h, &d[q], &dm[q], mv);
+            for (int c = 0; c < runs / 2; ++c)
+                MW[q][c] = (QV_I16)((mv[2 * c] & 0xffff) | (mv[2 * c + 1] * 65536));
+        }
+    }
+}
+
+/* Rows i0 .. i1 of x against NB blocks from blk (block b's outputs at out + 16 b; the last
+ * block's first `rows`) of a K form whose codes qmm_sb_fits: in passes of at most SB_ROWS rows
+ * (split evenly, so no short pass decodes the blocks again for a few rows), per super-block,
+ * decoded once (sb_prepare) for every row of the pass; 4 / (2 NB) rows at a time (sb_dots:
+ * one block takes an even count of rows), each row's sums added as tile4k's (sk_add), in the
+ * same order. */
+PLAIT_INLINE void QF(sb_rows_n)(const int LO, const int planes, const int NB,
+                                const plait_qpart_t *p, const qmm_act_t *a, int64_t i0,
+                                int64_t i1, int64_t blk, float *out, int64_t ldo, int rows) {
+    enum { P = 2 * 2, R = 2 };
+    const int np = 2 * NB, nr = 4 / np, fold = qmm_sb_fold(planes);
     const int64_t k = a->k, gc = k / 32, supers = gc / 8;
     const int subs = p->sub == 16 ? 2 : 1, runs = p->mins ? 8 * subs : 0;
-    int8_t D[8 * 2 * 8 * 32] __attribute__((aligned(64)));
-    QV_I16 W[32], MW[2][8];
-    QV_I32 K[2];
-    QV_F32 T[SB_ROWS][2];
+    int8_t D[2 * 4096] __attribute__((aligned(64)));
+    QV_I16 W[2 * 32], MW[P][8];
+    QV_I32 K[P];
+    QV_F32 T[SB_ROWS * P], d[P], dm[P]; /* T: row r's part q at r * np + q */
     const int64_t passes = (i1 - i0 + SB_ROWS - 1) / SB_ROWS;
     const int64_t step = ((i1 - i0 + passes - 1) / passes + 1) & ~(int64_t)1; /* <= SB_ROWS */
     for (int64_t c0 = i0; c0 < i1; c0 += step) {
         const int64_t c1 = c0 + step < i1 ? c0 + step : i1;
         for (int64_t u = 0; u < supers; ++u) {
-            QV_F32 d[2], dm[2] = {{0}};
-            QF(sb_decode)(planes, p, k, blk, u, D, W, K);
-            for (int h = 0; h < 2; ++h) {
-                QV_I32 mv[16];
-                QF(sk_scales)(p, blk, u, supers, subs, QMM_W * h, &d[h], &dm[h], mv);
-                for (int q = 0; q < runs / 2; ++q)
-                    MW[h][q] = (QV_I16)((mv[2 * q] & 0xffff) | (mv[2 * q + 1] * 65536));
-            }
-            for (int64_t i = c0; i < c1; i += 2) {
-                QV_I32 th[2][2], tl[2][2];
-                QF(sb_dots)(LO, fold, D, W, K, qmm_xu(a, i, u), 256 * (1 + LO), th, tl);
-                for (int r = 0; r < 2; ++r) {
+            QF(sb_prepare)(planes, NB, p, k, blk, u, D, W, K, d, dm, MW);
+            for (int64_t i = c0; i < c1; i += nr) {
+                QV_I32 th[R][4], tl[R][4];
+                QF(sb_dots)(LO, fold, nr, np, D, W, K, qmm_xu(a, i, u), 256 * (1 + LO), th, tl);
+                for (int r = 0; r < nr; ++r) {
                     const int64_t row = i + r;
-                    QV_I32 mh[2], ml[2];
+                    QV_I32 mh[4], ml[4];
                     const int16_t *sh = qmm_runs(a, row, 32 / subs, 0) + runs * u;
-                    QF(sb_mins)(runs, MW, sh, LO ? qmm_runs(a, row, 32 / subs, 1) + runs * u : NULL,
-                                mh, ml);
-                    for (int h = 0; h < 2; ++h) {
-                        const QV_F32 tot = u ? T[row - c0][h] : (QV_F32){0};
-                        T[row - c0][h] = QF(sk_add)(tot, th[r][h], tl[r][h], d[h],
-                                                    a->dx[row * gc + 8 * u + 7], runs > 0, dm[h],
-                                                    mh[h], ml[h]);
+                    QF(sb_mins)(np, runs, MW, sh,
+                                LO ? qmm_runs(a, row, 32 / subs, 1) + runs * u : NULL, mh, ml);
+                    for (int q = 0; q < np; ++q) {
+                        QV_F32 *t = &T[(row - c0) * np + q];
+                        *t = QF(sk_add)(u ? *t : (QV_F32){0}, th[r][q], tl[r][q], d[q],
+                                        a->dx[row * gc + 8 * u + 7], runs > 0, dm[q], mh[q], ml[q]);
                     }
                 }
             }
         }
         for (int64_t row = c0; row < c1; ++row)
-            for (int h = 0; h < 2; ++h)
-                QF(store_lanes)(out + row * ldo, &T[row - c0][h], rows, QMM_W * h);
+            for (int q = 0; q < np; ++q)
+                QF(store_lanes)(out + row * ldo + 16 * (q / 2), &T[(row - c0) * np + q],
+                                q / 2 < NB - 1 ? 16 : rows, QMM_W * (q % 2));
     }
+}
+
+/* sb_rows_n for one block (an even count of rows) or two (any count). */
+PLAIT_INLINE void QF(sb_rows)(const int LO, const int planes, int nb, const plait_qpart_t *p,
+                              const qmm_act_t *a, int64_t i0, int64_t i1, int64_t blk,
+                              float *out, int64_t ldo, int rows) {
+    if (nb == 2)
+        QF(sb_rows_n)(LO, planes, 2, p, a, i0, i1, blk, out, ldo, rows);
+    else
+        QF(sb_rows_n)(LO, planes, 1, p, a, i0, i1, blk, out, ldo, rows);
 }
 #undef SB_ROWS
 #endif

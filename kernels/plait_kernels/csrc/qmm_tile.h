@@ -514,29 +514,52 @@ static int64_t QF(amx_rows)(const plait_qpart_t *p, const qmm_act_t *a, int64_t 
 #endif
 
 #if QMM_W == 8 && defined(QMM_DP16)
-/* QMM_SB_MIN rows of x or more of a K form whose codes fit: sb_rows takes an even count of
- * them, a last odd row goes on below (row1k). */
+/* QMM_SB_MIN rows of x or more of a K form whose codes fit: sb_rows takes them all for two
+ * blocks, an even count of them for one (a last odd row goes on below: row1k). */
 #define QMM_SB_ROWS(PLANES)                                                                        \
     if (qmm_sb_fold(PLANES) > 0 && sk && a->xu && a->m - i >= QMM_SB_MIN &&                        \
         qmm_sb_fits(PLANES, p->zero)) {                                                            \
-        const int64_t end = i + ((a->m - i) & ~(int64_t)1);                                        \
-        QF(sb_rows)(LO, PLANES, p, a, i, end, blk, out, ldo, rows);                                \
+        const int64_t end = nb == 2 ? a->m : i + ((a->m - i) & ~(int64_t)1);                       \
+        QF(sb_rows)(LO, PLANES, nb, p, a, i, end, blk0, out0, ldo, rows0);                         \
         i = end;                                                                                   \
     }
 #else
 #define QMM_SB_ROWS(PLANES)
 #endif
 
-/* Rows i0.. of x against one block: four at a time, then one by one (two specializations per
- * plane kind keep the build short: a decode batch of 2 or 3 decodes its codes 2 or 3 times,
- * cheap beside reading them), each built for x with lo bytes and without (a->lo). */
+/* Rows i.. of x against nb blocks from blk0 (two only for K forms, whose first is whole; out0
+ * block blk0's outputs, the last block's first `rows`): the super-block path where it takes
+ * them (both blocks at once), then per block four rows at a time, then one by one (two
+ * specializations per plane kind keep the build short: a decode batch of 2 or 3 decodes its
+ * codes 2 or 3 times, cheap beside reading them), each built for x with lo bytes and without
+ * (a->lo). */
 #define QMM_DEFINE_ROWS(PLANES)                                                                    \
     PLAIT_INLINE void QF(rows_lo_##PLANES)(const int LO, const plait_qpart_t *p,                  \
-                                           const qmm_act_t *a, int64_t i, int64_t blk,            \
-                                           const float *S, const float *Z, float *out,            \
-                                           int64_t ldo, int rows) {                               \
+                                           const qmm_act_t *a, int64_t i0, int64_t blk0, int nb,  \
+                                           const float *S, const float *Z, float *out0,           \
+                                           int64_t ldo, int rows0) {                              \
         const int sk = p->scale_form == QMM_SK;                                                    \
+        int64_t i = i0;                                                                            \
         QMM_SB_ROWS(PLANES)                                                                        \
+        for (int nth = 0; nth < nb; ++nth)                                                         \
+            QF(rest_##PLANES)(LO, sk, p, a, i, blk0 + nth, S, Z, out0 + 16 * nth, ldo,             \
+                              nth < nb - 1 ? 16 : rows0);                                          \
+    }                                                                                              \
+    static void QF(rows_##PLANES)(const plait_qpart_t *p, const qmm_act_t *a, int64_t i,          \
+                                  int64_t blk, int nb, const float *S, const float *Z,            \
+                                  float *out, int64_t ldo, int rows) {                            \
+        if (a->lo)                                                                                 \
+            QF(rows_lo_##PLANES)(1, p, a, i, blk, nb, S, Z, out, ldo, rows);                       \
+        else                                                                                       \
+            QF(rows_lo_##PLANES)(0, p, a, i, blk, nb, S, Z, out, ldo, rows);                       \
+    }
+
+/* Rows i.. of x against one block (rows_lo's rest). */
+#define QMM_DEFINE_REST(PLANES)                                                                    \
+    PLAIT_INLINE void QF(rest_##PLANES)(const int LO, const int sk, const plait_qpart_t *p,       \
+                                        const qmm_act_t *a, int64_t i, int64_t blk,               \
+                                        const float *S, const float *Z, float *out, int64_t ldo,  \
+                                        int rows) {                                               \
         for (; i + 4 <= a->m; i += 4) {                                                            \
             if (sk)                                                                                \
                 QF(tile4k)(LO, PLANES, p, a, i, blk, out + i * ldo, ldo, rows);                    \
@@ -553,23 +576,16 @@ static int64_t QF(amx_rows)(const plait_qpart_t *p, const qmm_act_t *a, int64_t 
             else                                                                                   \
                 QF(row1)(LO, PLANES, 2, p, a, i, blk, out + i * ldo, rows);                        \
         }                                                                                          \
-    }                                                                                              \
-    static void QF(rows_##PLANES)(const plait_qpart_t *p, const qmm_act_t *a, int64_t i,          \
-                                  int64_t blk, const float *S, const float *Z, float *out,        \
-                                  int64_t ldo, int rows) {                                         \
-        if (a->lo)                                                                                 \
-            QF(rows_lo_##PLANES)(1, p, a, i, blk, S, Z, out, ldo, rows);                           \
-        else                                                                                       \
-            QF(rows_lo_##PLANES)(0, p, a, i, blk, S, Z, out, ldo, rows);                           \
     }
 
-QMM_DEFINE_ROWS(QMM_P4)
-QMM_DEFINE_ROWS(QMM_P8)
-QMM_DEFINE_ROWS(QMM_P4H1)
-QMM_DEFINE_ROWS(QMM_P4H2)
-QMM_DEFINE_ROWS(QMM_P2)
-QMM_DEFINE_ROWS(QMM_P2H1)
-QMM_DEFINE_ROWS(QMM_IQ4)
+#define QMM_DEFINE(PLANES) QMM_DEFINE_REST(PLANES) QMM_DEFINE_ROWS(PLANES)
+QMM_DEFINE(QMM_P4)
+QMM_DEFINE(QMM_P8)
+QMM_DEFINE(QMM_P4H1)
+QMM_DEFINE(QMM_P4H2)
+QMM_DEFINE(QMM_P2)
+QMM_DEFINE(QMM_P2H1)
+QMM_DEFINE(QMM_IQ4)
 
 /* Blocks blk0 .. blk0 + nblk of a part against every row of x (out: block blk0's first
  * column). `SZ` holds 2 k floats and `D` 16 k bytes per block: the blocks' scales as floats
@@ -593,25 +609,29 @@ static void QF(blocks)(const plait_qpart_t *p, const qmm_act_t *a, int64_t blk0,
     (void)D;
 #endif
     if (i >= a->m) return;
-    for (int64_t b = 0; b < nblk; ++b) {
+    for (int64_t b = 0, nb; b < nblk; b += nb) {
         const int64_t blk = blk0 + b, left = p->n - blk * 16;
         float *S = SZ + 2 * zs * b * made, *Z = S + zs;
         float *ob = out + 16 * b;
-        const int rows = left < 16 ? (int)left : 16;
+        nb = p->scale_form == QMM_SK && b + 1 < nblk && left > 16 ? qmm_sb_blocks(p->planes, a->lo) : 1;
+        const int64_t last = left - 16 * (nb - 1);
+        const int rows = last < 16 ? (int)last : 16, n2 = (int)nb;
         if (!made && a->m >= 4 && p->scale_form != QMM_SK) QF(block_scales)(p, a->k, blk, S, Z);
         switch (p->planes) {
-        case QMM_P4: QF(rows_QMM_P4)(p, a, i, blk, S, Z, ob, ldo, rows); break;
-        case QMM_P8: QF(rows_QMM_P8)(p, a, i, blk, S, Z, ob, ldo, rows); break;
-        case QMM_P4H1: QF(rows_QMM_P4H1)(p, a, i, blk, S, Z, ob, ldo, rows); break;
-        case QMM_P4H2: QF(rows_QMM_P4H2)(p, a, i, blk, S, Z, ob, ldo, rows); break;
-        case QMM_P2: QF(rows_QMM_P2)(p, a, i, blk, S, Z, ob, ldo, rows); break;
-        case QMM_P2H1: QF(rows_QMM_P2H1)(p, a, i, blk, S, Z, ob, ldo, rows); break;
-        default: QF(rows_QMM_IQ4)(p, a, i, blk, S, Z, ob, ldo, rows); break;
+        case QMM_P4: QF(rows_QMM_P4)(p, a, i, blk, n2, S, Z, ob, ldo, rows); break;
+        case QMM_P8: QF(rows_QMM_P8)(p, a, i, blk, n2, S, Z, ob, ldo, rows); break;
+        case QMM_P4H1: QF(rows_QMM_P4H1)(p, a, i, blk, n2, S, Z, ob, ldo, rows); break;
+        case QMM_P4H2: QF(rows_QMM_P4H2)(p, a, i, blk, n2, S, Z, ob, ldo, rows); break;
+        case QMM_P2: QF(rows_QMM_P2)(p, a, i, blk, n2, S, Z, ob, ldo, rows); break;
+        case QMM_P2H1: QF(rows_QMM_P2H1)(p, a, i, blk, n2, S, Z, ob, ldo, rows); break;
+        default: QF(rows_QMM_IQ4)(p, a, i, blk, n2, S, Z, ob, ldo, rows); break;
         }
     }
 }
 
 #undef QMM_DEFINE_ROWS
+#undef QMM_DEFINE_REST
+#undef QMM_DEFINE
 #undef QMM_SB_ROWS
 #undef QV_U8
 #undef QV_I8

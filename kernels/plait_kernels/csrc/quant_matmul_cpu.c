@@ -132,6 +132,13 @@ PLAIT_INLINE int qmm_sb_fits(int planes, int32_t zero) {
     return fold * 2 * 255 * most <= 32767;
 }
 
+/* How many blocks of a K form the super-block path takes at once (the dispatch pairs them
+ * for it): two, one row of x against both blocks' four parts so that a broadcast of x serves
+ * them all (1.07-1.19x over one block with one byte of x); one where x has lo bytes and the
+ * codes fold 2 (Q5_K, Q6_K), whose hi and lo sums for four parts run out of registers
+ * (0.91-0.96x). */
+PLAIT_INLINE int qmm_sb_blocks(int planes, int lo) { return lo && qmm_sb_fold(planes) < 4 ? 1 : 2; }
+
 PLAIT_INLINE int64_t qmm_scale_bytes(int form) { return form == QMM_SF32 ? 4 : form == QMM_SF16 ? 2 : 1; }
 
 /* ---- activations -> two int8 parts per group of 32 (shared by every ISA) ----------------- */
