@@ -295,6 +295,23 @@ def test_nonfinite_input_gives_nan_in_its_row_only() -> None:
     assert out is not None and out[:2].isnan().all() and out[2].isfinite().all()
 
 
+@pytest.mark.parametrize("kind", ["Q4_K", "Q4_1"])
+def test_rows_too_small_for_a_scale_give_zeros_on_every_isa(kind: str) -> None:
+    """A row whose largest value is below 127 / FLT_MAX (no finite 1 / dx) quantizes to
+    zeros, not to bytes out of range; the other rows are untouched."""
+    w = NativeWeight.from_gguf(kind, raw_rows(kind, 32, 512, seed=7))
+    x = torch.randn(17, 512)
+    x[3] = 1e-38
+    x[4] = 0.0
+    x[4, ::3] = -2e-39
+    outs = [qn.native_quant_linear(x, w, isa=isa) for isa in ISAS]
+    for out in outs:
+        assert out is not None and bool(out.isfinite().all())
+        assert float(out[3:5].abs().max()) < 1e-30
+    assert all(torch.equal(outs[0], o) for o in outs)
+    assert torch.equal(qn.native_quant_linear(x[5:6], w), outs[-1][5:6])
+
+
 def test_embedding_lookup_and_bad_input() -> None:
     raw = raw_rows("IQ4_XS", 64, 256, seed=6)
     w = NativeWeight.from_gguf("IQ4_XS", raw)

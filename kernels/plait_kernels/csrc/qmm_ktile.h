@@ -233,7 +233,7 @@ PLAIT_INLINE void QF(sb_decode)(const int planes, const plait_qpart_t *p, int64_
 }
 
 /* Part q (of 2 a block: its rows 8 h .. 8 h + 7 for h = q % 2) of the decoded blocks: its
- * group g's V[t] at D + sb_dq(q) + 512 g + 32 t, its sub-scales at W[sb_wq(q) + 4 g + 2 j]. */
+ * group g's V[t] at D + sb_dq(q) + 512 g + 32 t, half j's sub-scales at W[sb_wq(q) + 4 g + j]. */
 PLAIT_INLINE int sb_dq(int q) { return 4096 * (q / 2) + 256 * (q % 2); }
 PLAIT_INLINE int sb_wq(int q) { return 32 * (q / 2) + 2 * (q % 2); }
 
@@ -252,8 +252,8 @@ PLAIT_INLINE void QF(sb_dots)(const int LO, const int fold, const int R, const i
             ah[r][q] = K[q];
             al[r][q] = LO ? K[q] : (QV_I32){0};
         }
-    const uint8_t *xr[2] = {x0, x0 + rb}; /* each row's group g, a pointer apiece */
-    for (int g = 0; g < 8; ++g, xr[0] += 32, xr[1] += 32) {
+    const uint8_t *xp[2] = {x0, x0 + rb}; /* each row's group g, a pointer apiece */
+    for (int g = 0; g < 8; ++g, xp[0] += 32, xp[1] += 32) {
 #pragma GCC unroll 2
         for (int j = 0; j < 2; ++j)
 #pragma GCC unroll 4
@@ -266,7 +266,7 @@ PLAIT_INLINE void QF(sb_dots)(const int LO, const int fold, const int R, const i
 #pragma GCC unroll 4
                         for (int t = 0; t < fold; ++t) {
                             int32_t v;
-                            memcpy(&v, xr[r] + 256 * b + 4 * (f + t), sizeof v);
+                            memcpy(&v, xp[r] + 256 * b + 4 * (f + t), sizeof v);
                             xb[t] = (QV_U8)((QV_I32){} + v);
                         }
 #pragma GCC unroll 4
@@ -340,7 +340,7 @@ PLAIT_INLINE void QF(sb_rows_n)(const int LO, const int planes, const int NB,
     int8_t D[2 * 4096] __attribute__((aligned(64)));
     QV_I16 W[2 * 32], MW[P][8];
     QV_I32 K[P];
-    QV_F32 T[SB_ROWS * P], d[P], dm[P]; /* T: row r's part q at r * np + q */
+    QV_F32 T[SB_ROWS * P], d[P], dm[P] = {{0}}; /* T: row r's part q at r * np + q */
     const int64_t passes = (i1 - i0 + SB_ROWS - 1) / SB_ROWS;
     const int64_t step = ((i1 - i0 + passes - 1) / passes + 1) & ~(int64_t)1; /* <= SB_ROWS */
     for (int64_t c0 = i0; c0 < i1; c0 += step) {

@@ -134,9 +134,9 @@ PLAIT_INLINE int qmm_sb_fits(int planes, int32_t zero) {
 
 /* How many blocks of a K form the super-block path takes at once (the dispatch pairs them
  * for it): two, one row of x against both blocks' four parts so that a broadcast of x serves
- * them all (1.07-1.19x over one block with one byte of x); one where x has lo bytes and the
- * codes fold 2 (Q5_K, Q6_K), whose hi and lo sums for four parts run out of registers
- * (0.91-0.96x). */
+ * them all (1.07-1.21x over one block with one byte of x); one where x has lo bytes and the
+ * codes fold 2 (Q5_K, Q6_K), whose hi and lo sums for four parts spill (0.91-0.96x paired,
+ * 0.92-0.99x alone, against the path before pairs). */
 PLAIT_INLINE int qmm_sb_blocks(int planes, int lo) { return lo && qmm_sb_fold(planes) < 4 ? 1 : 2; }
 
 PLAIT_INLINE int64_t qmm_scale_bytes(int form) { return form == QMM_SF32 ? 4 : form == QMM_SF16 ? 2 : 1; }
@@ -166,6 +166,7 @@ PLAIT_INLINE void quantize_row(const float *x, int64_t k, int64_t span, int lo_b
             }
             int finite = amax <= 3.4e38f && sum == sum; /* the max skips nan; the sum does not */
             inv = finite && amax > 0.0f ? XQ_MAX / amax : 0.0f;
+            inv = inv <= 3.4e38f ? inv : 0.0f; /* amax below 127 / FLT_MAX: x is all but 0 */
             d = finite ? amax / (XQ_MAX * 256.0f) : NAN;
         }
         dx[g] = d;
