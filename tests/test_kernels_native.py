@@ -171,15 +171,19 @@ def test_the_widest_codes_against_the_widest_bytes_of_x_are_exact() -> None:
 
 @pytest.mark.parametrize("n", [72, 56])
 @pytest.mark.parametrize("x_bits", [16, 8])
-@pytest.mark.parametrize("kind", [k for k in QUANT_KINDS if k not in LEGACY])
-def test_k_forms_past_a_pass_of_rows_with_the_widest_bytes(kind: str, x_bits: int, n: int) -> None:
-    """The K forms' super-block path (AVX2: x + 128 against codes less the zero, at most 128
-    rows of x a pass, split evenly: here 66 and 65 for blocks taken in pairs, 66 and 64 and an
-    odd last row alone for a block taken alone): rows of bytes at +-127 (x + 128 at 1 and 255,
-    the int16 pair sums' extremes) and rows on both sides of the passes' seam stay within the
-    bound, every ISA and every row alone give the same bits. 72 rows of weights: two pairs of
-    blocks and a short block alone; 56: a pair whose second block is short."""
-    k, m = 512, 131
+@pytest.mark.parametrize("kind", QUANT_KINDS)
+def test_the_super_block_path_past_a_pass_of_rows_with_the_widest_bytes(
+    kind: str, x_bits: int, n: int
+) -> None:
+    """The super-block path (AVX2: x + 128 against the codes, less the zero for K forms, at
+    most 128 rows of x a pass, split evenly: here 66 and 65 for blocks taken in pairs, 66 and 64
+    and an odd last row alone for a block taken alone): rows of bytes at +-127 (x + 128 at 1
+    and 255, the int16 pair sums' extremes) and rows on both sides of the passes' seam stay
+    within the bound, every ISA and every row alone give the same bits. 72 rows of weights: two
+    pairs of blocks and a short block alone; 56: a pair whose second block is short. The legacy
+    kinds run 576 values (a last run of two groups where K forms have super-blocks of eight;
+    Q8_0 and Q6_K's like codes take the other paths)."""
+    k, m = (576 if kind in LEGACY else 512), 131
     raw = raw_rows(kind, n, k, seed=5)
     w = NativeWeight.from_gguf(kind, raw).with_x_bits(x_bits)
     dense = w.dequantize()

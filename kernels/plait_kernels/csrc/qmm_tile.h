@@ -340,6 +340,7 @@ PLAIT_INLINE void QF(row1)(const int LO, const int planes, const int SUBS, const
 }
 
 #include "qmm_ktile.h"
+#include "qmm_sb.h"
 
 #ifdef QMM_AMX
 /* AMX: 16 rows of x at a time. Forms with float scales (amx16): against one block whose codes
@@ -480,7 +481,7 @@ PLAIT_INLINE void QF(amx16)(uint8_t *D, const int subs, const qmm_act_t *a, int6
  * sixteen filled out with zero rows. */
 static int64_t QF(amx_rows)(const plait_qpart_t *p, const qmm_act_t *a, int64_t blk0,
                             int64_t nblk, float *SZ, uint8_t *D, float *out, int64_t ldo) {
-    const int64_t k = a->k, zs = 2 * (k / 32) * 16;
+    const int64_t k = a->k, zs = qmm_scale_floats(k) / 2;
     const int subs = p->sub == 16 ? 2 : 1, once = a->m >= 32, sk = p->scale_form == QMM_SK;
     const int64_t dblk = (sk ? 32 : 16) * k; /* decoded bytes per block */
     if (once)
@@ -514,21 +515,22 @@ static int64_t QF(amx_rows)(const plait_qpart_t *p, const qmm_act_t *a, int64_t 
 #endif
 
 #if QMM_W == 8 && defined(QMM_DP16)
-/* QMM_SB_MIN rows of x or more of a K form whose codes fit: sb_rows takes them all for two
- * blocks, an even count of them for one (a last odd row goes on below: row1k). */
+/* QMM_SB_MIN rows of x or more of a part the super-block path takes (qmm_sb_takes): sb_rows
+ * takes them all for two blocks, an even count of them for one (a last odd row goes on
+ * below: row1k, row1). */
 #define QMM_SB_ROWS(PLANES)                                                                        \
-    if (qmm_sb_fold(PLANES) > 0 && sk && a->xu && a->m - i >= QMM_SB_MIN &&                        \
-        qmm_sb_fits(PLANES, p->zero)) {                                                            \
+    if (qmm_sb_fold(PLANES) > 0 && a->xu && a->m - i >= QMM_SB_MIN && qmm_sb_takes(p)) {           \
         const int64_t end = nb == 2 ? a->m : i + ((a->m - i) & ~(int64_t)1);                       \
-        QF(sb_rows)(LO, PLANES, nb, p, a, i, end, blk0, out0, ldo, rows0);                         \
+        QF(sb_rows)(LO, PLANES, nb, p, a, i, end, blk0, S, Z, bs, out0, ldo, rows0);               \
         i = end;                                                                                   \
     }
 #else
 #define QMM_SB_ROWS(PLANES)
 #endif
 
-/* Rows i.. of x against nb blocks from blk0 (two only for K forms, whose first is whole; out0
- * block blk0's outputs, the last block's first `rows`): the super-block path where it takes
+/* Rows i.. of x against nb blocks from blk0 (two only for the super-block path, the first
+ * whole; S, Z block blk0's scales, the next block's qmm_scale_floats(k) floats on; out0 block
+ * blk0's outputs, the last block's first `rows`): the super-block path where it takes
  * them (both blocks at once), then per block four rows at a time, then one by one (two
  * specializations per plane kind keep the build short: a decode batch of 2 or 3 decodes its
  * codes 2 or 3 times, cheap beside reading them), each built for x with lo bytes and without
@@ -539,11 +541,12 @@ static int64_t QF(amx_rows)(const plait_qpart_t *p, const qmm_act_t *a, int64_t 
                                            const float *S, const float *Z, float *out0,           \
                                            int64_t ldo, int rows0) {                              \
         const int sk = p->scale_form == QMM_SK;                                                    \
+        const int64_t bs = qmm_scale_floats(a->k);                                                 \
         int64_t i = i0;                                                                            \
         QMM_SB_ROWS(PLANES)                                                                        \
         for (int nth = 0; nth < nb; ++nth)                                                         \
-            QF(rest_##PLANES)(LO, sk, p, a, i, blk0 + nth, S, Z, out0 + 16 * nth, ldo,             \
-                              nth < nb - 1 ? 16 : rows0);                                          \
+            QF(rest_##PLANES)(LO, sk, p, a, i, blk0 + nth, S + bs * nth, Z + bs * nth,             \
+                              out0 + 16 * nth, ldo, nth < nb - 1 ? 16 : rows0);                    \
     }                                                                                              \
     static void QF(rows_##PLANES)(const plait_qpart_t *p, const qmm_act_t *a, int64_t i,          \
                                   int64_t blk, int nb, const float *S, const float *Z,            \
@@ -592,10 +595,10 @@ QMM_DEFINE(QMM_IQ4)
  * (block_scales: S then Z, for four or more rows of x; single rows make their own) and, on
  * AMX, their decoded codes. On AMX with 16 or more rows every block's scales are made first,
  * then the sixteens run (amx_rows); otherwise a block's are made just before its rows, in the
- * first slot. */
+ * first slot (the first two for a pair of blocks on the super-block path). */
 static void QF(blocks)(const plait_qpart_t *p, const qmm_act_t *a, int64_t blk0, int64_t nblk,
                        float *SZ, uint8_t *D, float *out, int64_t ldo) {
-    const int64_t zs = 2 * (a->k / 32) * 16;
+    const int64_t zs = qmm_scale_floats(a->k) / 2;
     int64_t i = 0, made = 0;
 #ifdef QMM_AMX
     if (a->xt != NULL) { /* 16 rows or more: plait_qmm_f32 laid them out as tiles */
@@ -613,10 +616,11 @@ static void QF(blocks)(const plait_qpart_t *p, const qmm_act_t *a, int64_t blk0,
         const int64_t blk = blk0 + b, left = p->n - blk * 16;
         float *S = SZ + 2 * zs * b * made, *Z = S + zs;
         float *ob = out + 16 * b;
-        nb = p->scale_form == QMM_SK && b + 1 < nblk && left > 16 ? qmm_sb_blocks(p->planes, a->lo) : 1;
+        nb = a->xu && qmm_sb_takes(p) && b + 1 < nblk && left > 16 ? qmm_sb_blocks(p->planes, a->lo) : 1;
         const int64_t last = left - 16 * (nb - 1);
         const int rows = last < 16 ? (int)last : 16, n2 = (int)nb;
-        if (!made && a->m >= 4 && p->scale_form != QMM_SK) QF(block_scales)(p, a->k, blk, S, Z);
+        for (int64_t c = 0; c < nb && !made && a->m >= 4 && p->scale_form != QMM_SK; ++c)
+            QF(block_scales)(p, a->k, blk + c, S + 2 * zs * c, Z + 2 * zs * c);
         switch (p->planes) {
         case QMM_P4: QF(rows_QMM_P4)(p, a, i, blk, n2, S, Z, ob, ldo, rows); break;
         case QMM_P8: QF(rows_QMM_P8)(p, a, i, blk, n2, S, Z, ob, ldo, rows); break;

@@ -76,8 +76,8 @@ typedef struct {
     const float *dxt, *xs1t, *xs2t;
     int xpair;
     int lo; /* x has lo bytes (the weight's x_bits 16); with 8 they are zeros */
-    /* AVX2 with K-quant parts and m >= QMM_SB_MIN (else NULL): xq + 128, unsigned, laid out
-     * for sb_rows by super-block (qmm_xu) */
+    /* AVX2 with parts the super-block path takes (qmm_sb_takes) and m >= QMM_SB_MIN (else
+     * NULL): xq + 128, unsigned, laid out for sb_rows by super-block (qmm_xu) */
     const uint8_t *xu;
 } qmm_act_t;
 
@@ -109,7 +109,7 @@ PLAIT_INLINE int qmm_fold(int planes) {
     return fold[planes];
 }
 
-/* The fewest rows of x the K forms' super-block path on AVX2 (sb_rows, qmm_ktile.h) takes;
+/* The fewest rows of x the K forms' super-block path on AVX2 (sb_rows, qmm_sb.h) takes;
  * fewer take tile4k: a super-block decoded for 4 rows cost more than it saved (0.80-0.92x at
  * 4 rows, about even at 8 and 12, 1.02-1.18x at 16: Q4_K and Q6_K of a 1B-class model, one
  * thread of an AVX2 EPYC). */
@@ -138,6 +138,18 @@ PLAIT_INLINE int qmm_sb_fits(int planes, int32_t zero) {
  * codes fold 2 (Q5_K, Q6_K), whose hi and lo sums for four parts spill (0.91-0.96x paired,
  * 0.92-0.99x alone, against the path before pairs). */
 PLAIT_INLINE int qmm_sb_blocks(int planes, int lo) { return lo && qmm_sb_fold(planes) < 4 ? 1 : 2; }
+
+/* Whether the super-block path takes part q: a K form's codes less its zero, or the codes as
+ * they are of a form with float scales per 32 values (tile4 folds the zero into its offsets),
+ * within qmm_sb_fits' bound. */
+PLAIT_INLINE int qmm_sb_takes(const plait_qpart_t *q) {
+    const int sk = q->scale_form == QMM_SK;
+    return (sk || q->sub == 32) && qmm_sb_fits(q->planes, sk ? q->zero : 0);
+}
+
+/* Floats of a block's scales and offsets as block_scales makes them: S, then Z, 16 per run of
+ * 16 values each (room for sub 16). */
+PLAIT_INLINE int64_t qmm_scale_floats(int64_t k) { return 2 * k; }
 
 PLAIT_INLINE int64_t qmm_scale_bytes(int form) { return form == QMM_SF32 ? 4 : form == QMM_SF16 ? 2 : 1; }
 
@@ -617,6 +629,20 @@ static int check_weight(const plait_weight_t *w) {
     return n == w->n;
 }
 
+/* Whether the super-block path takes any part of w (then x + 128 is laid out for it: xu). */
+static int sb_any(const plait_weight_t *w) {
+    for (int64_t p = 0; p < w->nparts; ++p)
+        if (qmm_sb_takes(&w->part[p])) return 1;
+    return 0;
+}
+
+/* Bytes of xu (qmm_xu's layout: 256 or 512 a row per run of eight groups, the last run
+ * whole), a multiple of the scratch's alignment. */
+static size_t xu_size(int64_t m, int64_t k, int x_bits) {
+    const size_t bytes = (size_t)((k + 255) / 256 * m * 256 * (x_bits / 8));
+    return (bytes + SCRATCH_ALIGN - 1) & ~(size_t)(SCRATCH_ALIGN - 1);
+}
+
 /* out[i, :n] = x[i] @ W^T (+ bias) for i < m. x is fp32 with row stride ldx, out [m, n]
  * contiguous, bias [n] or NULL. The row blocks are split over up to `threads` threads through
  * `pool` (plait_pool_run of thread_pool.c; NULL: this thread only). Returns the number of
@@ -633,7 +659,7 @@ int plait_qmm_f32(int isa, int threads, plait_pool_fn pool, const float *x, int6
     size_t floats = (size_t)(3 * m * gc + 4 * m16 * gc), ints = (size_t)(4 * m * gc);
     size_t shorts = (size_t)(3 * m * k / 16);
     size_t sums = (sizeof(float) * (floats + ints) + sizeof(int16_t) * shorts + 63) & ~(size_t)63;
-    const size_t xu_bytes = isa == ISA_AVX2 && m >= QMM_SB_MIN && span == 256 ? xq_bytes : 0;
+    const size_t xu_bytes = isa == ISA_AVX2 && m >= QMM_SB_MIN && sb_any(w) ? xu_size(m, k, w->x_bits) : 0;
     char *buf = scratch(0, xq_bytes + sums + xt_bytes + xu_bytes);
     if (buf == NULL) return -1;
     xjob_t xj = {x, ldx, span, {0}, (int8_t *)buf, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};

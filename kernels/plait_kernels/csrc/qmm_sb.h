@@ -1,0 +1,308 @@
+/* The super-block path of the quantized matmul on AVX2 (QMM_W 8 with a 16-bit pair dot),
+ * included by qmm_tile.h after qmm_ktile.h, whose K-form helpers it uses: for 16 rows of x or
+ * more, a block's codes are decoded once per run of eight groups (a K form's super-block) for
+ * every row of x, against x + 128 laid out by super-block (qmm_xu). It takes the K forms and
+ * the forms with float scales per 32 values whose codes qmm_sb_takes; the others take tile4. */
+#if QMM_W == 8 && defined(QMM_DP16)
+/* ---- K forms: each super-block decoded once for many rows of x ---------------------------
+ * tile4k decodes a group's codes again for every four rows of x and broadcasts x's bytes
+ * against registers of codes. Here a super-block of a block (8 groups, both parts of 8 rows)
+ * is decoded once into D as signed bytes c - zero, and every row of x takes it: x + 128 is
+ * the unsigned operand of vpmaddubsw, broadcast once for both parts, and the codes its
+ * signed operand, read from D. sum (x + 128)(c - zero) - 128 sum (c - zero) is tile4k's
+ * sum x (c - zero) exactly (the second term, times the sub-scales, starts every row's th and
+ * tl: K), so the integers, and the bits, are tile4k's; the zero's term costs nothing per row. */
+#define SB_ROWS 128 /* rows of x per pass over a block (their sums: 8 KiB) */
+
+/* Super-block u of block blk: D[((g * 2 + h) * 8 + t) * 32 ..] holds group g's V[t] of part
+ * h as c - zero; W[(g * 2 + h) * 2 + j] the sub-scales of half j as int16 pairs (dots_k's
+ * weights); K[h] = -128 sum_j sc_j sum(c - zero) over the super-block. */
+PLAIT_INLINE void QF(sb_decode)(const int planes, const plait_qpart_t *p, int64_t k, int64_t blk,
+                                int64_t u, int8_t *D, QV_I16 *W, QV_I32 K[2]) {
+    const int64_t gc = k / 32, gbytes = qmm_group_bytes(planes);
+    const int subs = p->sub == 16 ? 2 : 1;
+    const uint8_t *codes = p->codes + (blk * gc + 8 * u) * gbytes;
+    const int8_t *sc = (const int8_t *)p->scales + (blk * gc + 8 * u) * subs * 16;
+    const QV_U8 zero = (QV_U8){} + (uint8_t)p->zero, ones = (QV_U8){} + 1;
+    for (int64_t line = 0; line < 8 * gbytes; line += 64)
+        __builtin_prefetch(codes + 8 * gbytes + line, 0, 3);
+    K[0] = K[1] = (QV_I32){0};
+    for (int g = 0; g < 8; ++g)
+        for (int h = 0; h < 2; ++h) {
+            QV_U8 V[8];
+            QF(decode)(planes, codes + g * gbytes + 4 * QMM_W * h, V);
+            for (int j = 0; j < 2; ++j) {
+                QV_I16 sums = {0};
+                for (int t = 4 * j; t < 4 * j + 4; ++t) {
+                    const QV_U8 w = V[t] - zero;
+                    memcpy(D + ((g * 2 + h) * 8 + t) * 32, &w, sizeof w);
+                    sums += QMM_DP16(ones, (QV_I8)w);
+                }
+                const QV_I32 sj = QF(load_i8)(sc + 16 * (subs * g + j * (subs - 1)) + QMM_W * h);
+                W[(g * 2 + h) * 2 + j] = (QV_I16)((sj & 0xffff) | (sj * 65536));
+                K[h] -= 128 * sj * QMM_MADD16((QV_I32){0}, sums, (QV_I16){} + 1);
+            }
+        }
+}
+
+/* Part q (of 2 a block: its rows 8 h .. 8 h + 7 for h = q % 2) of the decoded blocks: its
+ * group g's V[t] at D + sb_dq(q) + 512 g + 32 t, half j's sub-scales at W[sb_wq(q) + 4 g + j]. */
+PLAIT_INLINE int sb_dq(int q) { return 4096 * (q / 2) + 256 * (q % 2); }
+PLAIT_INLINE int sb_wq(int q) { return 32 * (q / 2) + 2 * (q % 2); }
+
+/* R rows of x from x0 (their bytes + 128 from the first of G groups, qmm_xu: rows rb apart)
+ * against P parts of the decoded blocks (R P = 4: two rows of one block, or one row of two
+ * blocks): th[r][q], tl[r][q] for row r and part q, starting at K[q], the sums over the G
+ * groups of the pair sums times W (the sub-scales; NULL: ones): dots_k's integers over a
+ * super-block, or tile4's over one group (hi, then lo; a broadcast of x serves all P parts). */
+PLAIT_INLINE void QF(sb_dots)(const int LO, const int fold, const int R, const int P, const int G,
+                              const int8_t *D, const QV_I16 *W, const QV_I32 *K,
+                              const uint8_t *x0, int64_t rb, QV_I32 th[][4], QV_I32 tl[][4]) {
+    QV_I32 ah[2][4], al[2][4]; /* th, tl in registers (the callers' arrays hold 4 parts) */
+    const QV_I16 ones = (QV_I16){} + 1;
+#pragma GCC unroll 2
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+        for (int q = 0; q < P; ++q) {
+            ah[r][q] = K[q];
+            al[r][q] = LO ? K[q] : (QV_I32){0};
+        }
+    const uint8_t *xp[2] = {x0, x0 + rb}; /* each row's group g, a pointer apiece */
+    for (int g = 0; g < G; ++g, xp[0] += 32, xp[1] += 32) {
+#pragma GCC unroll 2
+        for (int j = 0; j < 2; ++j)
+#pragma GCC unroll 4
+            for (int f = 4 * j; f < 4 * j + 4; f += fold)
+#pragma GCC unroll 2
+                for (int r = 0; r < R; ++r)
+#pragma GCC unroll 2
+                    for (int b = 0; b < 1 + LO; ++b) { /* hi into th, then lo into tl */
+                        QV_U8 xb[4];
+#pragma GCC unroll 4
+                        for (int t = 0; t < fold; ++t) {
+                            int32_t v;
+                            memcpy(&v, xp[r] + 256 * b + 4 * (f + t), sizeof v);
+                            xb[t] = (QV_U8)((QV_I32){} + v);
+                        }
+#pragma GCC unroll 4
+                        for (int q = 0; q < P; ++q) {
+                            QV_I16 sum = {0};
+#pragma GCC unroll 4
+                            for (int t = 0; t < fold; ++t) {
+                                QV_I8 w;
+                                memcpy(&w, D + sb_dq(q) + 512 * g + 32 * (f + t), sizeof w);
+                                sum += QMM_DP16(xb[t], w);
+                            }
+                            QV_I32 *acc = b ? &al[r][q] : &ah[r][q];
+                            *acc = QMM_MADD16(*acc, sum, W ? W[sb_wq(q) + 4 * g + j] : ones);
+                        }
+                    }
+    }
+#pragma GCC unroll 2
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+        for (int q = 0; q < P; ++q) th[r][q] = ah[r][q], tl[r][q] = al[r][q];
+}
+
+/* One row of x's mins of a super-block for P parts (sk_mins' integers): its run sums sh (and
+ * sl, NULL without lo) in int32 pairs against MW[q][c], part q's mins of runs 2 c and 2 c + 1. */
+PLAIT_INLINE void QF(sb_mins)(const int P, int runs, QV_I16 MW[][8], const int16_t *sh,
+                              const int16_t *sl, QV_I32 mh[4], QV_I32 ml[4]) {
+    for (int q = 0; q < P; ++q) mh[q] = ml[q] = (QV_I32){0};
+    for (int c = 0; c < runs / 2; ++c) {
+        int32_t v;
+        memcpy(&v, sh + 2 * c, sizeof v);
+        const QV_I16 hb = (QV_I16)((QV_I32){} + v);
+        for (int q = 0; q < P; ++q) mh[q] = QMM_MADD16(mh[q], hb, MW[q][c]);
+        if (sl == NULL) continue;
+        memcpy(&v, sl + 2 * c, sizeof v);
+        const QV_I16 lb = (QV_I16)((QV_I32){} + v);
+        for (int q = 0; q < P; ++q) ml[q] = QMM_MADD16(ml[q], lb, MW[q][c]);
+    }
+}
+
+/* Super-block u of NB blocks from blk decoded (sb_decode) with their scales: d, dm and the
+ * mins' int16 pairs MW per part. */
+PLAIT_INLINE void QF(sb_prepare)(const int planes, const int NB, const plait_qpart_t *p,
+                                 int64_t k, int64_t blk, int64_t u, int8_t *D, QV_I16 *W,
+                                 QV_I32 *K, QV_F32 *d, QV_F32 *dm, QV_I16 MW[][8]) {
+    const int subs = p->sub == 16 ? 2 : 1, runs = p->mins ? 8 * subs : 0;
+    for (int b = 0; b < NB; ++b) {
+        QF(sb_decode)(planes, p, k, blk + b, u, D + 4096 * b, W + 32 * b, K + 2 * b);
+        for (int h = 0; h < 2; ++h) {
+            const int q = 2 * b + h;
+            QV_I32 mv[16];
+            QF(sk_scales)(p, blk + b, u, k / 256, subs, QMM_W * h, &d[q], &dm[q], mv);
+            for (int c = 0; c < runs / 2; ++c)
+                MW[q][c] = (QV_I16)((mv[2 * c] & 0xffff) | (mv[2 * c + 1] * 65536));
+        }
+    }
+}
+
+/* The rows of a pass over rows i0 .. i1: at most SB_ROWS, even, the passes split evenly (no
+ * short last pass decodes the blocks again for a few rows). */
+PLAIT_INLINE int64_t QF(sb_pass)(int64_t i0, int64_t i1) {
+    const int64_t passes = (i1 - i0 + SB_ROWS - 1) / SB_ROWS;
+    return ((i1 - i0 + passes - 1) / passes + 1) & ~(int64_t)1;
+}
+
+/* A pass's totals (T: row c0 + r's part q at r * 2 NB + q) stored: block b's at out + 16 b,
+ * the last block's first `rows`. */
+PLAIT_INLINE void QF(sb_store)(const int NB, const QV_F32 *T, int64_t c0, int64_t c1, float *out,
+                               int64_t ldo, int rows) {
+    for (int64_t row = c0; row < c1; ++row)
+        for (int q = 0; q < 2 * NB; ++q)
+            QF(store_lanes)(out + row * ldo + 16 * (q / 2), &T[(row - c0) * 2 * NB + q],
+                            q / 2 < NB - 1 ? 16 : rows, QMM_W * (q % 2));
+}
+
+/* Rows i0 .. i1 of x against NB blocks from blk (block b's outputs at out + 16 b; the last
+ * block's first `rows`) of a K form whose codes qmm_sb_fits: in passes of at most SB_ROWS rows
+ * (split evenly, so no short pass decodes the blocks again for a few rows), per super-block,
+ * decoded once (sb_prepare) for every row of the pass; 4 / (2 NB) rows at a time (sb_dots:
+ * one block takes an even count of rows), each row's sums added as tile4k's (sk_add), in the
+ * same order. */
+PLAIT_INLINE void QF(sb_rows_n)(const int LO, const int planes, const int NB,
+                                const plait_qpart_t *p, const qmm_act_t *a, int64_t i0,
+                                int64_t i1, int64_t blk, float *out, int64_t ldo, int rows) {
+    enum { P = 2 * 2, R = 2 };
+    const int np = 2 * NB, nr = 4 / np, fold = qmm_sb_fold(planes);
+    const int64_t k = a->k, gc = k / 32, supers = gc / 8;
+    const int subs = p->sub == 16 ? 2 : 1, runs = p->mins ? 8 * subs : 0;
+    int8_t D[2 * 4096] __attribute__((aligned(64)));
+    QV_I16 W[2 * 32], MW[P][8];
+    QV_I32 K[P];
+    QV_F32 T[SB_ROWS * P], d[P], dm[P] = {{0}}; /* T: row r's part q at r * np + q */
+    const int64_t step = QF(sb_pass)(i0, i1);
+    for (int64_t c0 = i0; c0 < i1; c0 += step) {
+        const int64_t c1 = c0 + step < i1 ? c0 + step : i1;
+        for (int64_t u = 0; u < supers; ++u) {
+            QF(sb_prepare)(planes, NB, p, k, blk, u, D, W, K, d, dm, MW);
+            for (int64_t i = c0; i < c1; i += nr) {
+                QV_I32 th[R][4], tl[R][4];
+                QF(sb_dots)(LO, fold, nr, np, 8, D, W, K, qmm_xu(a, i, u), 256 * (1 + LO), th, tl);
+                for (int r = 0; r < nr; ++r) {
+                    const int64_t row = i + r;
+                    QV_I32 mh[4], ml[4];
+                    const int16_t *sh = qmm_runs(a, row, 32 / subs, 0) + runs * u;
+                    QF(sb_mins)(np, runs, MW, sh,
+                                LO ? qmm_runs(a, row, 32 / subs, 1) + runs * u : NULL, mh, ml);
+                    for (int q = 0; q < np; ++q) {
+                        QV_F32 *t = &T[(row - c0) * np + q];
+                        *t = QF(sk_add)(u ? *t : (QV_F32){0}, th[r][q], tl[r][q], d[q],
+                                        a->dx[row * gc + 8 * u + 7], runs > 0, dm[q], mh[q], ml[q]);
+                    }
+                }
+            }
+        }
+        QF(sb_store)(NB, T, c0, c1, out, ldo, rows);
+    }
+}
+
+/* ---- Forms with float scales per 32 values: the same, a group at a time ---------------------
+ * tile4 sums x against the codes as they are (the zero folded into its offsets Z) and adds
+ * each group to a row's total in fp32. Here a run of up to eight groups of a block is decoded
+ * once into D (sb_decode's layout, the codes as they are) and every row of x takes it: per
+ * group, sum (x + 128) c - 128 sum c (K) is tile4's integer, and the group is added to the
+ * total as tile4 adds it, in the same order, so the bits are tile4's. */
+
+/* Groups 8 u .. 8 u + ng of NB blocks from blk decoded for sb_dots: D as sb_decode's, and
+ * K[2 NB g + q] = -128 sum c over part q's group g. */
+PLAIT_INLINE void QF(sbf_decode)(const int planes, const int NB, const plait_qpart_t *p,
+                                 int64_t k, int64_t blk, int64_t u, int ng, int8_t *D,
+                                 QV_I32 *K) {
+    const int64_t gc = k / 32, gbytes = qmm_group_bytes(planes);
+    const QV_U8 ones = (QV_U8){} + 1;
+    for (int b = 0; b < NB; ++b) {
+        const uint8_t *codes = p->codes + ((blk + b) * gc + 8 * u) * gbytes;
+        for (int64_t line = 0; line < ng * gbytes; line += 64)
+            __builtin_prefetch(codes + 8 * gbytes + line, 0, 3);
+        for (int g = 0; g < ng; ++g)
+            for (int h = 0; h < 2; ++h) {
+                QV_U8 V[8];
+                QF(decode)(planes, codes + g * gbytes + 4 * QMM_W * h, V);
+                QV_I16 sums = {0};
+                for (int t = 0; t < 8; ++t) {
+                    memcpy(D + 4096 * b + ((g * 2 + h) * 8 + t) * 32, &V[t], sizeof V[t]);
+                    sums += QMM_DP16(ones, (QV_I8)V[t]);
+                }
+                K[2 * NB * g + 2 * b + h] = -128 * QMM_MADD16((QV_I32){0}, sums, (QV_I16){} + 1);
+            }
+    }
+}
+
+/* One row of x's group `at` (its sums th, tl against the NB blocks' 2 NB parts) added to tot
+ * as tile4 adds it: S, Z the first block's scales and offsets (block_scales), bs floats from
+ * one block's to the next's. */
+PLAIT_INLINE void QF(sbf_add)(const int NB, const qmm_act_t *a, int64_t row, int64_t at,
+                              const float *S, const float *Z, int64_t bs, const QV_I32 *th,
+                              const QV_I32 *tl, QV_F32 *tot) {
+    const int64_t gc = a->k / 32;
+    const float dx = a->dx[row * gc + at], *xs = a->xs + row * 2 * gc + 2 * at;
+    for (int q = 0; q < 2 * NB; ++q) {
+        const int64_t s = bs * (q / 2) + 16 * at + QMM_W * (q % 2);
+        const QV_F32 sv = QF(load_f32)(S + s), zv = QF(load_f32)(Z + s);
+        QV_F32 f = __builtin_convertvector((th[q] << 8) + tl[q], QV_F32);
+        tot[q] += f * (sv * dx);
+        tot[q] += zv * (xs[0] + xs[1]);
+    }
+}
+
+/* Rows i0 .. i1 of x against NB blocks from blk of a form with float scales (S, Z, bs as
+ * sbf_add's) whose codes qmm_sb_takes, as sb_rows_n: in passes, per run of eight groups (the
+ * last may be short), decoded once (sbf_decode) for every row of the pass; per group, sb_dots
+ * over it and sbf_add. */
+PLAIT_INLINE void QF(sbf_rows_n)(const int LO, const int planes, const int NB,
+                                 const plait_qpart_t *p, const qmm_act_t *a, int64_t i0,
+                                 int64_t i1, int64_t blk, const float *S, const float *Z,
+                                 int64_t bs, float *out, int64_t ldo, int rows) {
+    enum { P = 2 * 2, R = 2 };
+    const int np = 2 * NB, nr = 4 / np, fold = qmm_sb_fold(planes);
+    const int64_t k = a->k, gc = k / 32, runs = (gc + 7) / 8;
+    int8_t D[2 * 4096] __attribute__((aligned(64)));
+    QV_I32 K[8 * P];
+    QV_F32 T[SB_ROWS * P]; /* row r's part q at r * np + q */
+    const int64_t step = QF(sb_pass)(i0, i1);
+    for (int64_t c0 = i0; c0 < i1; c0 += step) {
+        const int64_t c1 = c0 + step < i1 ? c0 + step : i1;
+        for (int64_t u = 0; u < runs; ++u) {
+            const int ng = gc - 8 * u < 8 ? (int)(gc - 8 * u) : 8;
+            QF(sbf_decode)(planes, NB, p, k, blk, u, ng, D, K);
+            for (int64_t i = c0; i < c1; i += nr) {
+                QV_F32 tot[R][4];
+                for (int r = 0; r < nr; ++r)
+                    for (int q = 0; q < np; ++q)
+                        tot[r][q] = u ? T[(i + r - c0) * np + q] : (QV_F32){0};
+                const uint8_t *xu = qmm_xu(a, i, u);
+                for (int g = 0; g < ng; ++g) {
+                    QV_I32 th[R][4], tl[R][4];
+                    QF(sb_dots)(LO, fold, nr, np, 1, D + 512 * g, NULL, K + np * g, xu + 32 * g,
+                                256 * (1 + LO), th, tl);
+                    for (int r = 0; r < nr; ++r)
+                        QF(sbf_add)(NB, a, i + r, 8 * u + g, S, Z, bs, th[r], tl[r], tot[r]);
+                }
+                for (int r = 0; r < nr; ++r)
+                    for (int q = 0; q < np; ++q) T[(i + r - c0) * np + q] = tot[r][q];
+            }
+        }
+        QF(sb_store)(NB, T, c0, c1, out, ldo, rows);
+    }
+}
+
+/* Rows i0 .. i1 of x against nb blocks from blk: sb_rows_n (K forms) or sbf_rows_n (S, Z, bs
+ * theirs), for one block (an even count of rows) or two (any count). */
+PLAIT_INLINE void QF(sb_rows)(const int LO, const int planes, int nb, const plait_qpart_t *p,
+                              const qmm_act_t *a, int64_t i0, int64_t i1, int64_t blk,
+                              const float *S, const float *Z, int64_t bs, float *out,
+                              int64_t ldo, int rows) {
+    if (p->scale_form == QMM_SK && nb == 2)
+        QF(sb_rows_n)(LO, planes, 2, p, a, i0, i1, blk, out, ldo, rows);
+    else if (p->scale_form == QMM_SK)
+        QF(sb_rows_n)(LO, planes, 1, p, a, i0, i1, blk, out, ldo, rows);
+    else if (nb == 2)
+        QF(sbf_rows_n)(LO, planes, 2, p, a, i0, i1, blk, S, Z, bs, out, ldo, rows);
+    else
+        QF(sbf_rows_n)(LO, planes, 1, p, a, i0, i1, blk, S, Z, bs, out, ldo, rows);
+}
+#undef SB_ROWS
+#endif
