@@ -182,7 +182,7 @@ def test_the_super_block_path_past_a_pass_of_rows_with_the_widest_bytes(
     within the bound, every ISA and every row alone give the same bits. 72 rows of weights: two
     pairs of blocks and a short block alone; 56: a pair whose second block is short. The legacy
     kinds run 576 values (a last run of two groups where K forms have super-blocks of eight;
-    Q8_0 and Q6_K's like codes take the other paths)."""
+    Q8_0's codes, like IQ4's, take the other paths)."""
     k, m = (576 if kind in LEGACY else 512), 131
     raw = raw_rows(kind, n, k, seed=5)
     w = NativeWeight.from_gguf(kind, raw).with_x_bits(x_bits)

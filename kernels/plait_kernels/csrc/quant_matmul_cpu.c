@@ -81,16 +81,22 @@ typedef struct {
     const uint8_t *xu;
 } qmm_act_t;
 
+/* Where a row's runs of `sub` (16 or 32) values of hi (lo: of lo) start in its 3 k / 16 run
+ * sums (xr): hi's and lo's of each 16, then of each 32. */
+PLAIT_INLINE int64_t qmm_run_at(int64_t k, int sub, int lo) {
+    return sub == 16 ? lo * (k / 16) : k / 8 + lo * (k / 32);
+}
+
 /* Row `row` of x's integer sums of hi (lo: of lo) over each run of `sub` (16 or 32) values:
  * |sum| <= 32 * 127, so an int16 holds each and two adjacent runs are one int32 pair. */
 PLAIT_INLINE const int16_t *qmm_runs(const qmm_act_t *a, int64_t row, int sub, int lo) {
-    const int16_t *r = a->xr + row * (3 * a->k / 16);
-    return sub == 16 ? r + lo * (a->k / 16) : r + a->k / 8 + lo * (a->k / 32);
+    return a->xr + row * (3 * a->k / 16) + qmm_run_at(a->k, sub, lo);
 }
 
-/* Row `row` of x + 128 over super-block u: its 256 hi bytes (then its 256 lo bytes where x
- * has lo), every row's one after another per super-block, so that a pass of rows over a
- * super-block reads one piece of memory (rows 2 k bytes apart would share a few cache sets). */
+/* Row `row` of x + 128 over super-block u (a run of eight groups, the last of a row may be
+ * short): its 256 hi bytes (then its 256 lo bytes where x has lo), every row's one after
+ * another per super-block, so that a pass of rows over a super-block reads one piece of
+ * memory (rows 2 k bytes apart would share a few cache sets). */
 PLAIT_INLINE const uint8_t *qmm_xu(const qmm_act_t *a, int64_t row, int64_t u) {
     return a->xu + (u * a->m + row) * 256 * (1 + a->lo);
 }
@@ -109,16 +115,16 @@ PLAIT_INLINE int qmm_fold(int planes) {
     return fold[planes];
 }
 
-/* The fewest rows of x the K forms' super-block path on AVX2 (sb_rows, qmm_sb.h) takes;
- * fewer take tile4k: a super-block decoded for 4 rows cost more than it saved (0.80-0.92x at
+/* The fewest rows of x the super-block path on AVX2 (sb_rows, qmm_sb.h) takes; fewer take
+ * tile4k (tile4 for float scales): a K form's super-block decoded for 4 rows cost more than it saved (0.80-0.92x at
  * 4 rows, about even at 8 and 12, 1.02-1.18x at 16: Q4_K and Q6_K of a 1B-class model, one
  * thread of an AVX2 EPYC). */
 #define QMM_SB_MIN 16
 
-/* That path multiplies x + 128 (unsigned) against the codes less the part's zero (signed): a
+/* That path multiplies x + 128 (unsigned) against the codes, less a K form's zero (signed): a
  * pair then sums to at most 2 * 255 * max|code - zero|, and qmm_sb_fold(planes) pairs must
- * stay within 32767. 0 where the path does not take the planes; qmm_sb_fits checks a part's
- * zero against the bound. */
+ * stay within 32767. 0 where the path does not take the planes; qmm_sb_fits checks a zero
+ * (0 for the float forms, qmm_sb_takes) against the bound. */
 PLAIT_INLINE int qmm_sb_fold(int planes) {
     static const int fold[] = {4, 0, 2, 2, 4, 4, 0};
     return fold[planes];
@@ -132,7 +138,7 @@ PLAIT_INLINE int qmm_sb_fits(int planes, int32_t zero) {
     return fold * 2 * 255 * most <= 32767;
 }
 
-/* How many blocks of a K form the super-block path takes at once (the dispatch pairs them
+/* How many blocks the super-block path takes at once (the dispatch pairs them
  * for it): two, one row of x against both blocks' four parts so that a broadcast of x serves
  * them all (1.07-1.21x over one block with one byte of x); one where x has lo bytes and the
  * codes fold 2 (Q5_K, Q6_K), whose hi and lo sums for four parts spill (0.91-0.96x paired,
@@ -212,11 +218,11 @@ PLAIT_INLINE void quantize_row(const float *x, int64_t k, int64_t span, int lo_b
             xi[4 * g + 2 * h] = sh;
             xi[4 * g + 2 * h + 1] = sl;
         }
-        const int64_t n16 = k / 16, n32 = k / 32;
-        xr[2 * g] = (int16_t)xi[4 * g], xr[2 * g + 1] = (int16_t)xi[4 * g + 2];
-        xr[n16 + 2 * g] = (int16_t)xi[4 * g + 1], xr[n16 + 2 * g + 1] = (int16_t)xi[4 * g + 3];
-        xr[2 * n16 + g] = (int16_t)(xi[4 * g] + xi[4 * g + 2]);
-        xr[2 * n16 + n32 + g] = (int16_t)(xi[4 * g + 1] + xi[4 * g + 3]);
+        for (int l = 0; l < 2; ++l) { /* qmm_runs' layout */
+            xr[qmm_run_at(k, 16, l) + 2 * g] = (int16_t)xi[4 * g + l];
+            xr[qmm_run_at(k, 16, l) + 2 * g + 1] = (int16_t)xi[4 * g + 2 + l];
+            xr[qmm_run_at(k, 32, l) + g] = (int16_t)(xi[4 * g + l] + xi[4 * g + 2 + l]);
+        }
     }
 }
 
