@@ -180,7 +180,8 @@ PLAIT_INLINE void QF(sb_rows_n)(const int LO, const int planes, const int NB,
             QF(sb_prepare)(planes, NB, p, k, blk, u, D, W, K, d, dm, MW);
             for (int64_t i = c0; i < c1; i += nr) {
                 QV_I32 th[R][4], tl[R][4];
-                QF(sb_dots)(LO, fold, nr, np, 8, D, W, K, qmm_xu(a, i, u), 256 * (1 + LO), th, tl);
+                QF(sb_dots)(LO, fold, nr, np, 8, D, W, K, qmm_xu(a, i, u), qmm_xu_bytes(LO), th,
+                            tl);
                 for (int r = 0; r < nr; ++r) {
                     const int64_t row = i + r;
                     QV_I32 mh[4], ml[4];
@@ -277,7 +278,7 @@ PLAIT_INLINE void QF(sbf_rows_n)(const int LO, const int planes, const int NB,
                 for (int g = 0; g < ng; ++g) {
                     QV_I32 th[R][4], tl[R][4];
                     QF(sb_dots)(LO, fold, nr, np, 1, D + 512 * g, NULL, K + np * g, xu + 32 * g,
-                                256 * (1 + LO), th, tl);
+                                qmm_xu_bytes(LO), th, tl);
                     for (int r = 0; r < nr; ++r)
                         QF(sbf_add)(NB, a, i + r, 8 * u + g, S, Z, bs, th[r], tl[r], tot[r]);
                 }

@@ -97,8 +97,10 @@ PLAIT_INLINE const int16_t *qmm_runs(const qmm_act_t *a, int64_t row, int sub, i
  * short): its 256 hi bytes (then its 256 lo bytes where x has lo), every row's one after
  * another per super-block, so that a pass of rows over a super-block reads one piece of
  * memory (rows 2 k bytes apart would share a few cache sets). */
+PLAIT_INLINE int64_t qmm_xu_bytes(int lo) { return 256 * (1 + lo); }
+
 PLAIT_INLINE const uint8_t *qmm_xu(const qmm_act_t *a, int64_t row, int64_t u) {
-    return a->xu + (u * a->m + row) * 256 * (1 + a->lo);
+    return a->xu + (u * a->m + row) * qmm_xu_bytes(a->lo);
 }
 
 PLAIT_INLINE int64_t qmm_group_bytes(int planes) {
@@ -106,19 +108,25 @@ PLAIT_INLINE int64_t qmm_group_bytes(int planes) {
     return bytes[planes];
 }
 
+/* The largest code of the planes (P4, P8, P4H1, P4H2, P2, P2H1, IQ4). */
+PLAIT_INLINE int qmm_code_top(int planes) {
+    static const int top[] = {15, 255, 31, 63, 3, 7, 241};
+    return top[planes];
+}
+
 /* How many of a group's V[t] (of one half, t in 4j .. 4j + 3) a 16-bit pair dot may sum
- * before its int16 lanes are widened: a pair of codes below c against x's bytes (both within
- * +-127) sums to at most 2 * 127 (c - 1), and n pairs must stay within 32767. 0 where one
- * pair may not (P8 and IQ4's codes reach 255 and 241). */
+ * before its int16 lanes are widened: a pair of codes against x's bytes (both within +-127)
+ * sums to at most 2 * 127 * top, and the pairs summed must stay within 32767 (4 at most: a
+ * half). 0 where one pair may not (P8's and IQ4's codes reach 255 and 241). */
 PLAIT_INLINE int qmm_fold(int planes) {
-    static const int fold[] = {4, 0, 4, 2, 4, 4, 0}; /* codes below 16, 256, 32, 64, 4, 8, 242 */
-    return fold[planes];
+    const int fold = 32767 / (2 * 127 * qmm_code_top(planes));
+    return fold < 4 ? fold : 4;
 }
 
 /* The fewest rows of x the super-block path on AVX2 (sb_rows, qmm_sb.h) takes; fewer take
- * tile4k (tile4 for float scales): a K form's super-block decoded for 4 rows cost more than it saved (0.80-0.92x at
- * 4 rows, about even at 8 and 12, 1.02-1.18x at 16: Q4_K and Q6_K of a 1B-class model, one
- * thread of an AVX2 EPYC). */
+ * tile4k (tile4 for float scales): a K form's super-block decoded for 4 rows cost more than it
+ * saved (0.80-0.92x at 4 rows, about even at 8 and 12, 1.02-1.18x at 16: Q4_K and Q6_K of a
+ * 1B-class model, one thread of an AVX2 EPYC). */
 #define QMM_SB_MIN 16
 
 /* That path multiplies x + 128 (unsigned) against the codes, less a K form's zero (signed): a
@@ -131,10 +139,9 @@ PLAIT_INLINE int qmm_sb_fold(int planes) {
 }
 
 PLAIT_INLINE int qmm_sb_fits(int planes, int32_t zero) {
-    static const int top[] = {15, 255, 31, 63, 3, 7, 241}; /* the largest code */
-    const int fold = qmm_sb_fold(planes);
-    if (fold == 0 || zero < 0 || zero > top[planes]) return 0;
-    const int most = zero > top[planes] - zero ? zero : top[planes] - zero;
+    const int top = qmm_code_top(planes), fold = qmm_sb_fold(planes);
+    if (fold == 0 || zero < 0 || zero > top) return 0;
+    const int most = zero > top - zero ? zero : top - zero;
     return fold * 2 * 255 * most <= 32767;
 }
 
@@ -157,15 +164,21 @@ PLAIT_INLINE int qmm_sb_takes(const plait_qpart_t *q) {
  * 16 values each (room for sub 16). */
 PLAIT_INLINE int64_t qmm_scale_floats(int64_t k) { return 2 * k; }
 
-PLAIT_INLINE int64_t qmm_scale_bytes(int form) { return form == QMM_SF32 ? 4 : form == QMM_SF16 ? 2 : 1; }
+PLAIT_INLINE int64_t qmm_scale_bytes(int form) {
+    return form == QMM_SF32 ? 4 : form == QMM_SF16 ? 2 : 1;
+}
 
 /* ---- activations -> two int8 parts per group of 32 (shared by every ISA) ----------------- */
 
+/* r rounded to the nearest integer, halves away from 0 (within int range). */
+PLAIT_INLINE int round_away(float r) { return (int)(r + (r >= 0.0f ? 0.5f : -0.5f)); }
+
 /* One row, per group of 32: x / dx = hi + lo / 256 with dx = max|x| / 127 over the group's
  * `span` (32, or the 256 of a K-quant super-block, whose sums then add up in integers),
- * hi = round(x / dx) and lo = round(256 * (x / dx - hi)) (clamped to +-127, so that AVX2's
- * signed dot never meets -128), so x is known to within dx / 512 (dx / 256 where lo is
- * clamped: as well as int16 would hold it) while each part is a byte the VNNI dot takes. xq holds hi then lo per group (64 bytes); dx is stored / 256; xs per 16 is
+ * hi = round(x / dx) and lo = round(256 * (x / dx - hi)) (round_away; lo clamped to +-127, so
+ * that AVX2's signed dot never meets -128), so x is known to within dx / 512 (dx / 256 where
+ * lo is clamped: as well as int16 would hold it) while each part is a byte the VNNI dot takes.
+ * xq holds hi then lo per group (64 bytes); dx is stored / 256; xs per 16 is
  * (256 * sum(hi) + sum(lo)) * dx and xi per 16 sum(hi), sum(lo). A span holding inf or nan gets
  * dx = nan, so its outputs are nan. Without `lo` (a weight's x_bits 8: llama.cpp's Q8
  * activations) every lo is 0, so x is known to within dx / 2 and the kernels skip lo's dots. */
@@ -196,9 +209,9 @@ PLAIT_INLINE void quantize_row(const float *x, int64_t k, int64_t span, int lo_b
 #pragma omp simd reduction(+ : sh, sl)
                 for (int i = 16 * h; i < 16 * h + 16; ++i) {
                     float r = xg[i] * inv;
-                    int q = (int)(r + (r >= 0.0f ? 0.5f : -0.5f));
+                    int q = round_away(r);
                     float f = (r - (float)q) * 256.0f;
-                    int l = (int)(f + (f >= 0.0f ? 0.5f : -0.5f));
+                    int l = round_away(f);
                     l = l > 127 ? 127 : l < -127 ? -127 : l;
                     hi[i] = (int8_t)q;
                     lo[i] = (int8_t)l;
@@ -209,7 +222,7 @@ PLAIT_INLINE void quantize_row(const float *x, int64_t k, int64_t span, int lo_b
 #pragma omp simd reduction(+ : sh)
                 for (int i = 16 * h; i < 16 * h + 16; ++i) {
                     float r = xg[i] * inv;
-                    int q = (int)(r + (r >= 0.0f ? 0.5f : -0.5f));
+                    int q = round_away(r);
                     hi[i] = (int8_t)q;
                     sh += q;
                 }
@@ -644,8 +657,8 @@ static int sb_any(const plait_weight_t *w) {
 
 /* Bytes of xu (qmm_xu's layout: 256 or 512 a row per run of eight groups, the last run
  * whole), a multiple of the scratch's alignment. */
-static size_t xu_size(int64_t m, int64_t k, int x_bits) {
-    const size_t bytes = (size_t)((k + 255) / 256 * m * 256 * (x_bits / 8));
+static size_t xu_size(int64_t m, int64_t k, int lo) {
+    const size_t bytes = (size_t)((k + 255) / 256 * m * qmm_xu_bytes(lo));
     return (bytes + SCRATCH_ALIGN - 1) & ~(size_t)(SCRATCH_ALIGN - 1);
 }
 
@@ -665,7 +678,7 @@ int plait_qmm_f32(int isa, int threads, plait_pool_fn pool, const float *x, int6
     size_t floats = (size_t)(3 * m * gc + 4 * m16 * gc), ints = (size_t)(4 * m * gc);
     size_t shorts = (size_t)(3 * m * k / 16);
     size_t sums = (sizeof(float) * (floats + ints) + sizeof(int16_t) * shorts + 63) & ~(size_t)63;
-    const size_t xu_bytes = isa == ISA_AVX2 && m >= QMM_SB_MIN && sb_any(w) ? xu_size(m, k, w->x_bits) : 0;
+    const size_t xu_bytes = isa == ISA_AVX2 && m >= QMM_SB_MIN && sb_any(w) ? xu_size(m, k, w->x_bits == 16) : 0;
     char *buf = scratch(0, xq_bytes + sums + xt_bytes + xu_bytes);
     if (buf == NULL) return -1;
     xjob_t xj = {x, ldx, span, {0}, (int8_t *)buf, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
