@@ -1,5 +1,5 @@
 """This process among its peers: its name in ps/top, how the children it starts die with it,
-and the cores it may run on.
+the cores it may run on, and how its C library's malloc keeps freed memory.
 A leaf module (nothing of plait, no torch), so that the engine's processes, the grammar workers,
 the tensor-parallel ranks and the router's workers share it without importing each other."""
 
@@ -14,6 +14,9 @@ from collections.abc import Callable
 PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
 MAX_DEFAULT_THREADS = 8
+M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters (malloc.h)
+M_MMAP_MAX = -4
+KEPT_FREE_BYTES = 1 << 30  # free memory at the heap's top beyond this goes back to the system
 
 
 def set_process_name(name: str) -> None:
@@ -50,3 +53,22 @@ def default_threads() -> int:
         except OSError:
             cores.add(str(cpu))
     return max(1, min(len(cores), MAX_DEFAULT_THREADS))
+
+
+def keep_freed_memory() -> bool:
+    """Have glibc's malloc keep the memory a forward frees for the next one (Linux; best
+    effort): no block is mapped on its own (M_MMAP_MAX 0), and free memory at the heap's top
+    goes back to the system only beyond `KEPT_FREE_BYTES`. Otherwise each of a long prompt's
+    activations (tens of MiB) is a fresh mapping that the kernel faults in and zeroes page by
+    page in every forward, and is unmapped at its free. What is free now (a model's load) is
+    handed back first (malloc_trim). Process-wide, like every malloc setting; whether the C
+    library took the settings (not glibc: False, nothing changed)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None)
+        trim, opt = libc.malloc_trim, libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    trim(0)
+    return bool(opt(M_MMAP_MAX, 0)) and bool(opt(M_TRIM_THRESHOLD, KEPT_FREE_BYTES))

@@ -1,9 +1,12 @@
 """The KV pool's size: from `kv_tokens`, else a byte budget (`kv_memory_mib`), else a share
-of the device's memory (`mem_fraction`); the startup log states the size and its source."""
+of the device's memory (`mem_fraction`); the startup log states the size and its source.
+And the host's memory between forwards: what a forward frees is kept for the next one."""
 
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 
 import pytest
 
@@ -46,3 +49,39 @@ def test_tokens_win_over_the_budget_and_a_fraction_is_of_available_ram(
 def test_out_of_range_memory_settings_are_refused(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=field):
         EngineConfig(**{field: value})
+
+
+# A block of 64 MiB touched and freed twice: the page faults of the second time, before and
+# after keep_freed_memory, in a process of its own (the setting is process-wide).
+REFAULTS = """
+import ctypes, resource
+from plait.backend.host import keep_freed_memory
+libc = ctypes.CDLL(None)
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+def refaults(n):
+    for _ in range(2):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        p = libc.malloc(n)
+        ctypes.memset(p, 1, n)
+        libc.free(p)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+plain = refaults(64 << 20)
+kept = keep_freed_memory()
+print(plain, int(kept), refaults(64 << 20))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc settings")
+def test_memory_a_forward_frees_is_kept_for_the_next_instead_of_faulted_in_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    run = subprocess.run([sys.executable, "-c", REFAULTS], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    plain, kept, after = (int(v) for v in run.stdout.split())
+    assert kept == 1
+    assert plain >= (64 << 20) // 4096 // 2  # a fresh mapping, faulted in page by page
+    assert after * 100 <= plain  # the freed block came back as it was
+    with caplog.at_level(logging.INFO, logger="plait.runner"):
+        ModelRunner(EngineConfig(model="plait-tiny", kv_tokens=64))
+    assert "host memory: freed activations kept for reuse" in caplog.text
