@@ -16,6 +16,7 @@ PR_SET_NAME = 15
 MAX_DEFAULT_THREADS = 8
 M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters (malloc.h)
 M_MMAP_MAX = -4
+M_ARENA_MAX = -8
 KEPT_FREE_BYTES = 1 << 30  # free memory at the heap's top beyond this goes back to the system
 
 
@@ -57,12 +58,15 @@ def default_threads() -> int:
 
 def keep_freed_memory() -> bool:
     """Have glibc's malloc keep the memory a forward frees for the next one (Linux; best
-    effort): no block is mapped on its own (M_MMAP_MAX 0), and free memory at the heap's top
-    goes back to the system only beyond `KEPT_FREE_BYTES`. Otherwise each of a long prompt's
-    activations (tens of MiB) is a fresh mapping that the kernel faults in and zeroes page by
-    page in every forward, and is unmapped at its free. What is free now (a model's load) is
-    handed back first (malloc_trim). Process-wide, like every malloc setting; whether the C
-    library took the settings (not glibc: False, nothing changed)."""
+    effort): one arena for every thread (M_ARENA_MAX 1: a thread's own arena hands back heaps
+    it empties, whatever the trim threshold), no block mapped on its own (M_MMAP_MAX 0), and
+    free memory at the heap's top handed back only beyond `KEPT_FREE_BYTES`. Otherwise each of
+    a long prompt's activations (tens of MiB) is a fresh mapping that the kernel faults in and
+    zeroes page by page in every forward, and unmaps at its free. What is free now (a model's
+    load) is handed back first (malloc_trim). Process-wide, like every malloc setting, and the
+    process's resident memory stays near its peak after a long prompt. False where the C
+    library has no such calls (not glibc); an allocator preloaded in glibc's place may take
+    the calls and ignore them."""
     if not sys.platform.startswith("linux"):
         return False
     try:
@@ -71,4 +75,5 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):
         return False
     trim(0)
-    return bool(opt(M_MMAP_MAX, 0)) and bool(opt(M_TRIM_THRESHOLD, KEPT_FREE_BYTES))
+    settings = ((M_ARENA_MAX, 1), (M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, KEPT_FREE_BYTES))
+    return all([bool(opt(param, value)) for param, value in settings])
