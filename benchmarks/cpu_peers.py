@@ -147,6 +147,10 @@ def serve(kind: str, model: str, threads: int, options: dict[str, int], conn: Co
     start = time.perf_counter()
     worker: Any = (PlaitWorker if kind == "plait" else LlamaCppWorker)(model, threads, options)
     conn.send(("ready", time.perf_counter() - start, resident_bytes()))
+    if kind == "plait":  # this process is plait's, as `plait serve`'s scheduler process is
+        from plait.backend.host import keep_freed_memory
+
+        keep_freed_memory()
     while (job := conn.recv()) is not None:
         try:
             seconds, out = worker.run(job)

@@ -81,15 +81,10 @@ print(plain, int(kept), refaults(64 << 20), on_a_thread(64 << 20), on_a_thread(9
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc settings")
-def test_memory_a_forward_frees_is_kept_for_the_next_instead_of_faulted_in_again(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
+def test_memory_a_forward_frees_is_kept_for_the_next_instead_of_faulted_in_again() -> None:
     run = subprocess.run([sys.executable, "-c", REFAULTS], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     plain, kept, *after = (int(v) for v in run.stdout.split())
     assert kept == 1
     assert plain >= (64 << 20) // 4096 // 2  # a fresh mapping, faulted in page by page
     assert all(a * 100 <= plain for a in after)  # the freed block came back as it was
-    with caplog.at_level(logging.INFO, logger="plait.runner"):
-        ModelRunner(EngineConfig(model="plait-tiny", kv_tokens=64))
-    assert "host memory: freed activations kept for reuse" in caplog.text

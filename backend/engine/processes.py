@@ -33,7 +33,7 @@ import torch
 import zmq
 
 from plait.backend.config import EngineConfig
-from plait.backend.host import set_process_name
+from plait.backend.host import keep_freed_memory, set_process_name
 from plait.backend.parallel.launch import exit_on_failure
 from plait.backend.request.messages import (
     BatchStrOut,
@@ -167,6 +167,9 @@ def scheduler_process(spec: ChildSpec, *, addrs: IpcAddresses, parent_pid: int) 
         scheduler, _ = build_scheduler(config)
     except Exception:  # noqa: BLE001 - reported to the main process, which exits
         _fail(ctx, outbox, name="scheduler")
+    if scheduler.runner.device.type == "cpu":  # this process is plait's: its malloc too
+        kept = keep_freed_memory()
+        log.info("host memory: freed activations %s", "kept for reuse" if kept else "returned")
     parallel = scheduler.runner.parallel
     if parallel is not None:  # a lost tensor-parallel rank ends this process (exit 1)
         parallel.on_failure = exit_on_failure

@@ -13,7 +13,6 @@ from plait.backend.cache.kv_pool import ReqToTokenPool, TokenToKVPool
 from plait.backend.cache.radix_cache import RadixCache
 from plait.backend.config import EngineConfig
 from plait.backend.devices import pick_device, pick_dtype
-from plait.backend.host import keep_freed_memory
 from plait.backend.model.builtin import resolve_model_path
 from plait.backend.model.forward_batch import ForwardBatch
 from plait.backend.model.fused_decode import FusedDecode
@@ -97,9 +96,6 @@ class ModelRunner:
         )
         self.fused: FusedDecode | None = None
         self.fused_decode = self._build_fused_decode()
-        if self.device.type == "cpu":
-            kept = keep_freed_memory()
-            log.info("host memory: freed activations %s", "kept for reuse" if kept else "returned")
 
     def _build_fused_decode(self) -> str:
         """Build the fused CPU decode step (`self.fused`) when the config asks for it and the
