@@ -76,4 +76,5 @@ def keep_freed_memory() -> bool:
         return False
     trim(0)
     settings = ((M_ARENA_MAX, 1), (M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, KEPT_FREE_BYTES))
+    # A list, not a generator: all() would stop at the first failure and skip the rest.
     return all([bool(opt(param, value)) for param, value in settings])

@@ -68,7 +68,7 @@ def refaults(n):
         ctypes.memset(p, 1, n)
         libc.free(p)
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-def on_a_thread(n):  # a forward of the in-process engine runs on its scheduler's thread
+def on_a_thread(n):  # a program that sets the policy may run its forwards on another thread
     got = []
     t = threading.Thread(target=lambda: got.append(refaults(n)))
     t.start()

@@ -616,7 +616,7 @@ static void QF(blocks)(const plait_qpart_t *p, const qmm_act_t *a, int64_t blk0,
         const int64_t blk = blk0 + b, left = p->n - blk * 16;
         float *S = SZ + 2 * zs * b * made, *Z = S + zs;
         float *ob = out + 16 * b;
-        nb = a->xu && qmm_sb_takes(p) && b + 1 < nblk && left > 16 ? qmm_sb_blocks(p->planes, a->lo) : 1;
+        nb = a->xu && qmm_sb_takes(p) && b + 1 < nblk && left > 16 ? qmm_sb_blocks(p, a->lo) : 1;
         const int64_t last = left - 16 * (nb - 1);
         const int rows = last < 16 ? (int)last : 16, n2 = (int)nb;
         for (int64_t c = 0; c < nb && !made && a->m >= 4 && p->scale_form != QMM_SK; ++c)

@@ -93,12 +93,14 @@ PLAIT_INLINE const int16_t *qmm_runs(const qmm_act_t *a, int64_t row, int sub, i
     return a->xr + row * (3 * a->k / 16) + qmm_run_at(a->k, sub, lo);
 }
 
+/* The bytes of a row of x + 128 over a super-block (qmm_xu): 256 hi, then 256 lo where x
+ * has lo. */
+PLAIT_INLINE int64_t qmm_xu_bytes(int lo) { return 256 * (1 + lo); }
+
 /* Row `row` of x + 128 over super-block u (a run of eight groups, the last of a row may be
  * short): its 256 hi bytes (then its 256 lo bytes where x has lo), every row's one after
  * another per super-block, so that a pass of rows over a super-block reads one piece of
  * memory (rows 2 k bytes apart would share a few cache sets). */
-PLAIT_INLINE int64_t qmm_xu_bytes(int lo) { return 256 * (1 + lo); }
-
 PLAIT_INLINE const uint8_t *qmm_xu(const qmm_act_t *a, int64_t row, int64_t u) {
     return a->xu + (u * a->m + row) * qmm_xu_bytes(a->lo);
 }
@@ -145,12 +147,16 @@ PLAIT_INLINE int qmm_sb_fits(int planes, int32_t zero) {
     return fold * 2 * 255 * most <= 32767;
 }
 
-/* How many blocks the super-block path takes at once (the dispatch pairs them
- * for it): two, one row of x against both blocks' four parts so that a broadcast of x serves
- * them all (1.07-1.21x over one block with one byte of x); one where x has lo bytes and the
- * codes fold 2 (Q5_K, Q6_K), whose hi and lo sums for four parts spill (0.91-0.96x paired,
- * 0.92-0.99x alone, against the path before pairs). */
-PLAIT_INLINE int qmm_sb_blocks(int planes, int lo) { return lo && qmm_sb_fold(planes) < 4 ? 1 : 2; }
+/* How many blocks the super-block path takes at once (the dispatch pairs them for it): a K
+ * form's one, two rows of x against its two parts with every sum in a register (sb_dots22:
+ * 1.07-1.22x over pairs of blocks, one row against four parts, on Q4_K, Q5_K and Q6_K with
+ * one byte of x); a float form's two, one row against both blocks' four parts a group at a
+ * time (sb_dots14: one block and two rows ran 0.88-0.93x on Q4_0, Q4_1 and Q5_0), but one
+ * where x has lo bytes and the codes fold 2 (Q5_0, Q5_1), whose hi and lo sums for four
+ * parts spill. */
+PLAIT_INLINE int qmm_sb_blocks(const plait_qpart_t *p, int lo) {
+    return p->scale_form == QMM_SK || (lo && qmm_sb_fold(p->planes) < 4) ? 1 : 2;
+}
 
 /* Whether the super-block path takes part q: a K form's codes less its zero, or the codes as
  * they are of a form with float scales per 32 values (tile4 folds the zero into its offsets),
@@ -678,13 +684,13 @@ int plait_qmm_f32(int isa, int threads, plait_pool_fn pool, const float *x, int6
     size_t floats = (size_t)(3 * m * gc + 4 * m16 * gc), ints = (size_t)(4 * m * gc);
     size_t shorts = (size_t)(3 * m * k / 16);
     size_t sums = (sizeof(float) * (floats + ints) + sizeof(int16_t) * shorts + 63) & ~(size_t)63;
-    const size_t xu_bytes = isa == ISA_AVX2 && m >= QMM_SB_MIN && sb_any(w) ? xu_size(m, k, w->x_bits == 16) : 0;
+    const int lo = w->x_bits == 16;
+    const size_t xu_bytes = isa == ISA_AVX2 && m >= QMM_SB_MIN && sb_any(w) ? xu_size(m, k, lo) : 0;
     char *buf = scratch(0, xq_bytes + sums + xt_bytes + xu_bytes);
     if (buf == NULL) return -1;
     xjob_t xj = {x, ldx, span, {0}, (int8_t *)buf, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
     xj.dx = (float *)(buf + xq_bytes), xj.xs = xj.dx + m * gc, xj.xi = (int32_t *)(xj.xs + 2 * m * gc);
-    xj.act = (qmm_act_t){xj.xq, xj.dx, xj.xs, xj.xi, NULL, m, k, NULL, NULL, NULL, NULL, 0,
-                         w->x_bits == 16, NULL};
+    xj.act = (qmm_act_t){xj.xq, xj.dx, xj.xs, xj.xi, NULL, m, k, NULL, NULL, NULL, NULL, 0, lo, NULL};
     if (xu_bytes > 0) xj.xu = (uint8_t *)(buf + xq_bytes + sums + xt_bytes), xj.act.xu = xj.xu;
     if (tiled) {
         xj.dxt = (float *)(xj.xi + 4 * m * gc), xj.xs1t = xj.dxt + m16 * gc;
