@@ -27,9 +27,10 @@ CSRC = Path(__file__).resolve().parent / "csrc"
 # vectorizer if-convert loops with float selects (exp_nonpos in a softmax or silu).
 CFLAGS = ("-O3", "-shared", "-fPIC", "-std=c99", "-fopenmp-simd", "-fno-trapping-math")
 LIBS = ("-lm",)
-# A build takes 1-25 s of CPU (quant_matmul_cpu.c compiles its loops for four ISAs); a loaded
-# machine stretches that several times over.
-BUILD_TIMEOUT_S = 600
+# Most builds take seconds; quant_matmul_cpu.c, which compiles its loops for five ISAs, took
+# about 7 minutes of one idle core on an AVX2 EPYC (nearly all of it the AVX-512, VNNI and AMX
+# copies; the AVX2 one alone builds in about 17 s), and a loaded machine stretches that.
+BUILD_TIMEOUT_S = 1800
 
 
 def cache_dir() -> Path:

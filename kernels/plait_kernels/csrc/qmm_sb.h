@@ -53,7 +53,8 @@ PLAIT_INLINE int sb_dq(int q) { return 4096 * (q / 2) + 256 * (q % 2); }
 
 /* Keeps v in a register here. Left alone, GCC reads each code vector from memory again for
  * the second row of x and keeps the sums and totals on the stack; the loads, not the
- * multiplies, then bound sb_dots22 (1.07-1.22x with the pins, one byte of x). */
+ * multiplies, then bound sb_dots22 (against the pairs of blocks with one byte of x: Q4_K
+ * 0.71x, Q6_K 0.88x unpinned at 512 rows; 1.03-1.09x, 1.10-1.22x pinned at 16 and 512). */
 #define SB_PIN(v) __asm__("" : "+x"(v))
 
 PLAIT_INLINE QV_U8 QF(sb_bcast)(const uint8_t *p) {
@@ -253,7 +254,8 @@ PLAIT_INLINE void QF(sb_rows_n)(const int LO, const int planes, const plait_qpar
  * group, sum (x + 128) c - 128 sum c (K) is tile4's integer, and the group is added to the
  * total as tile4 adds it, in the same order, so the bits are tile4's. */
 
-/* Groups 8 u .. 8 u + ng of NB blocks from blk decoded for sb_dots: D as sb_decode's, and
+/* Groups 8 u .. 8 u + ng of NB blocks from blk decoded for sb_dots22 (one block) or
+ * sb_dots14 (two): D as sb_decode's, and
  * K[2 NB g + q] = -128 sum c over part q's group g. */
 PLAIT_INLINE void QF(sbf_decode)(const int planes, const int NB, const plait_qpart_t *p,
                                  int64_t k, int64_t blk, int64_t u, int ng, int8_t *D,
@@ -297,8 +299,9 @@ PLAIT_INLINE void QF(sbf_add)(const int NB, const qmm_act_t *a, int64_t row, int
 
 /* Rows i0 .. i1 of x against NB blocks from blk of a form with float scales (S, Z, bs as
  * sbf_add's) whose codes qmm_sb_takes, as sb_rows_n: in passes, per run of eight groups (the
- * last may be short), decoded once (sbf_decode) for every row of the pass; per group, sb_dots
- * over it and sbf_add. */
+ * last may be short), decoded once (sbf_decode) for every row of the pass; per group,
+ * sb_dots22 (one block, two rows at a time) or sb_dots14 (two blocks, a row at a time) over it
+ * and sbf_add. */
 PLAIT_INLINE void QF(sbf_rows_n)(const int LO, const int planes, const int NB,
                                  const plait_qpart_t *p, const qmm_act_t *a, int64_t i0,
                                  int64_t i1, int64_t blk, const float *S, const float *Z,
@@ -339,8 +342,9 @@ PLAIT_INLINE void QF(sbf_rows_n)(const int LO, const int planes, const int NB,
     }
 }
 
-/* Rows i0 .. i1 of x against nb blocks from blk: sb_rows_n (K forms) or sbf_rows_n (S, Z, bs
- * theirs), for one block (an even count of rows) or two (any count). */
+/* Rows i0 .. i1 of x against nb blocks from blk: sb_rows_n (K forms, one block, an even count
+ * of rows: qmm_sb_blocks is 1 for them) or sbf_rows_n (S, Z, bs theirs; one block, an even
+ * count, or two, any count). */
 PLAIT_INLINE void QF(sb_rows)(const int LO, const int planes, int nb, const plait_qpart_t *p,
                               const qmm_act_t *a, int64_t i0, int64_t i1, int64_t blk,
                               const float *S, const float *Z, int64_t bs, float *out,
@@ -353,4 +357,5 @@ PLAIT_INLINE void QF(sb_rows)(const int LO, const int planes, int nb, const plai
         QF(sbf_rows_n)(LO, planes, 1, p, a, i0, i1, blk, S, Z, bs, out, ldo, rows);
 }
 #undef SB_ROWS
+#undef SB_PIN
 #endif

@@ -148,9 +148,10 @@ PLAIT_INLINE int qmm_sb_fits(int planes, int32_t zero) {
 }
 
 /* How many blocks the super-block path takes at once (the dispatch pairs them for it): a K
- * form's one, two rows of x against its two parts with every sum in a register (sb_dots22:
- * 1.07-1.22x over pairs of blocks, one row against four parts, on Q4_K, Q5_K and Q6_K with
- * one byte of x); a float form's two, one row against both blocks' four parts a group at a
+ * form's one, two rows of x against its two parts with every sum in a register (sb_dots22;
+ * against pairs of blocks, one row against four parts, with one byte of x: Q4_K 1.03-1.09x,
+ * Q6_K 1.10-1.22x, Q5_K 1.14-1.28x, Q3_K 0.96-1.07x, Q2_K 0.90-0.97x, docs/quantization.md);
+ * a float form's two, one row against both blocks' four parts a group at a
  * time (sb_dots14: one block and two rows ran 0.88-0.93x on Q4_0, Q4_1 and Q5_0), but one
  * where x has lo bytes and the codes fold 2 (Q5_0, Q5_1), whose hi and lo sums for four
  * parts spill. */
@@ -690,7 +691,8 @@ int plait_qmm_f32(int isa, int threads, plait_pool_fn pool, const float *x, int6
     if (buf == NULL) return -1;
     xjob_t xj = {x, ldx, span, {0}, (int8_t *)buf, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
     xj.dx = (float *)(buf + xq_bytes), xj.xs = xj.dx + m * gc, xj.xi = (int32_t *)(xj.xs + 2 * m * gc);
-    xj.act = (qmm_act_t){xj.xq, xj.dx, xj.xs, xj.xi, NULL, m, k, NULL, NULL, NULL, NULL, 0, lo, NULL};
+    xj.act = (qmm_act_t){xj.xq, xj.dx, xj.xs, xj.xi, NULL, m, k, NULL, NULL, NULL, NULL, 0, lo,
+                         NULL};
     if (xu_bytes > 0) xj.xu = (uint8_t *)(buf + xq_bytes + sums + xt_bytes), xj.act.xu = xj.xu;
     if (tiled) {
         xj.dxt = (float *)(xj.xi + 4 * m * gc), xj.xs1t = xj.dxt + m16 * gc;
