@@ -519,6 +519,23 @@ static blocks_fn pick(int isa) {
     return blocks_generic;
 }
 
+/* The instruction set part p runs on for m rows of x (lo: x has lo bytes) where the CPU's best
+ * is `isa`. Every path gives a row the same bits on every ISA (the integers are exact and the
+ * float steps the same per lane; tests/test_kernels_native.py holds them to it), so a part may
+ * run where it runs fastest. On an AVX-512 CPU
+ * without AMX (measured on a Zen 4, which runs 512-bit operations in two halves) the K forms
+ * the super-block path takes run AVX2's code: its one-row path, with each pair of codes' sum
+ * widened against the sub-scales, and its super-block path beat the 16-lane loops, which
+ * multiply each sub-block's int32 dot by its sub-scale (Q4_K / Q6_K of a 1B-class model, one
+ * thread: 1.3-1.5x / 1.1-1.4x at one row, 1.1-1.6x / 1.2-1.9x at 16 rows, 1.2-1.9x / 1.4-2.7x
+ * at 512; Q2_K, Q3_K up to 3x). Not AVX2's four-row tile where x has lo bytes (0.79x / 0.80x
+ * at 4 rows), nor the float forms or IQ4 (VNNI's loops 1.2-2.9x faster there). */
+PLAIT_INLINE int part_isa(int isa, const plait_qpart_t *p, int64_t m, int lo) {
+    const int k_form = p->scale_form == QMM_SK && qmm_sb_takes(p);
+    const int tile4 = m >= 4 && m < QMM_SB_MIN && lo;
+    return (isa == ISA_AVX512 || isa == ISA_AVX512_VNNI) && k_form && !tile4 ? ISA_AVX2 : isa;
+}
+
 /* Scratch kept per thread and grown as needed (its contents are not kept): `which` 0 for the
  * quantized x (the calling thread), 1 for a chunk of blocks' scales and decoded codes (every
  * thread that runs blocks). Aligned to a cache line, so no tile row loaded from it (64 bytes)
@@ -540,13 +557,14 @@ static void *scratch(int which, size_t bytes) {
 }
 
 typedef struct {
-    blocks_fn run;
+    blocks_fn run, run_k; /* run_k: the parts part_isa moves to AVX2's code */
     const plait_weight_t *w;
     qmm_act_t act;
     const float *bias;
     float *out;
     int64_t first[PLAIT_QMM_MAX_PARTS + 1]; /* the parts' first block in the job's numbering */
     int64_t row0[PLAIT_QMM_MAX_PARTS];      /* the parts' first output column */
+    int isa;
 } job_t;
 
 /* Blocks are run this many bytes of scratch at a time (their scales as floats, 8 k bytes a
@@ -589,7 +607,8 @@ static void run_part(void *ctx, int part, int parts) {
         int64_t r0 = j->row0[p] + blk * BLOCK_ROWS, left = q->n - blk * BLOCK_ROWS;
         int64_t cols = left < nblk * BLOCK_ROWS ? left : nblk * BLOCK_ROWS;
         float *ob = j->out + r0;
-        j->run(q, &j->act, blk, nblk, (float *)buf, (uint8_t *)(buf + 8 * k * most), ob, ldo);
+        const blocks_fn run = part_isa(j->isa, q, m, j->act.lo) == ISA_AVX2 ? j->run_k : j->run;
+        run(q, &j->act, blk, nblk, (float *)buf, (uint8_t *)(buf + 8 * k * most), ob, ldo);
         b += nblk;
         if (j->bias == NULL) continue;
         for (int64_t i = 0; i < m; ++i)
@@ -655,10 +674,13 @@ static int check_weight(const plait_weight_t *w) {
     return n == w->n;
 }
 
-/* Whether the super-block path takes any part of w (then x + 128 is laid out for it: xu). */
-static int sb_any(const plait_weight_t *w) {
-    for (int64_t p = 0; p < w->nparts; ++p)
-        if (qmm_sb_takes(&w->part[p])) return 1;
+/* Whether the super-block path takes any part of w for m rows of x on `isa` (then x + 128 is
+ * laid out for it: xu): AVX2's code for that part (part_isa), 16 rows or more. */
+static int sb_any(const plait_weight_t *w, int isa, int64_t m) {
+    for (int64_t p = 0; p < w->nparts; ++p) {
+        const plait_qpart_t *q = &w->part[p];
+        if (qmm_sb_takes(q) && part_isa(isa, q, m, w->x_bits == 16) == ISA_AVX2) return 1;
+    }
     return 0;
 }
 
@@ -686,7 +708,7 @@ int plait_qmm_f32(int isa, int threads, plait_pool_fn pool, const float *x, int6
     size_t shorts = (size_t)(3 * m * k / 16);
     size_t sums = (sizeof(float) * (floats + ints) + sizeof(int16_t) * shorts + 63) & ~(size_t)63;
     const int lo = w->x_bits == 16;
-    const size_t xu_bytes = isa == ISA_AVX2 && m >= QMM_SB_MIN && sb_any(w) ? xu_size(m, k, lo) : 0;
+    const size_t xu_bytes = m >= QMM_SB_MIN && sb_any(w, isa, m) ? xu_size(m, k, lo) : 0;
     char *buf = scratch(0, xq_bytes + sums + xt_bytes + xu_bytes);
     if (buf == NULL) return -1;
     xjob_t xj = {x, ldx, span, {0}, (int8_t *)buf, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
@@ -704,7 +726,7 @@ int plait_qmm_f32(int isa, int threads, plait_pool_fn pool, const float *x, int6
         pool(quantize_part, &xj, helpers, helpers);
     else
         quantize_part(&xj, 0, 1);
-    job_t job = {pick(isa), w, xj.act, bias, out, {0}, {0}};
+    job_t job = {pick(isa), pick(ISA_AVX2), w, xj.act, bias, out, {0}, {0}, isa};
     if (tiled) {
         job.act.xt = xj.xt, job.act.dxt = xj.dxt, job.act.xs1t = xj.xs1t, job.act.xs2t = xj.xs2t;
         job.act.xpair = span == 256;
