@@ -429,13 +429,18 @@ PLAIT_INLINE f32x16 cvtph_avx512(const uint16_t *p) {
     return (f32x16)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
 }
 
+PLAIT_INLINE i32x16 i8i32_avx512(const int8_t *p) {
+    return (i32x16)_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p));
+}
+
 PLAIT_INLINE f32x16 cvti8_avx512(const void *p) {
-    return (f32x16)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+    return __builtin_convertvector(i8i32_avx512((const int8_t *)p), f32x16);
 }
 
 #define QMM_SFX _avx512
 #define QMM_W 16
 #define QMM_CVTI8 cvti8_avx512
+#define QMM_I8I32 i8i32_avx512
 #define QMM_DP dp_avx512
 #define QMM_LUT lut_avx512
 #define QMM_CVTPH cvtph_avx512
@@ -464,6 +469,7 @@ PLAIT_INLINE i32x16 dp_vnni(i32x16 acc, u8x64 a, i8x64 b) {
 #undef QMM_SFX
 #undef QMM_AMX
 #undef QMM_W
+#undef QMM_I8I32
 #undef QMM_DP
 #undef QMM_LUT
 #undef QMM_CVTPH
@@ -519,21 +525,24 @@ static blocks_fn pick(int isa) {
     return blocks_generic;
 }
 
+/* The fewest rows of x with which a K form on AVX-512 VNNI without AMX takes AVX2's
+ * super-block path (part_isa). */
+#define QMM_SB_MIN_VNNI 64
+
 /* The instruction set part p runs on for m rows of x (lo: x has lo bytes) where the CPU's best
  * is `isa`. Every path gives a row the same bits on every ISA (the integers are exact and the
  * float steps the same per lane; tests/test_kernels_native.py holds them to it), so a part may
- * run where it runs fastest. On an AVX-512 CPU
- * without AMX (measured on a Zen 4, which runs 512-bit operations in two halves) the K forms
- * the super-block path takes run AVX2's code: its one-row path, with each pair of codes' sum
- * widened against the sub-scales, and its super-block path beat the 16-lane loops, which
- * multiply each sub-block's int32 dot by its sub-scale (Q4_K / Q6_K of a 1B-class model, one
- * thread: 1.3-1.5x / 1.1-1.4x at one row, 1.1-1.6x / 1.2-1.9x at 16 rows, 1.2-1.9x / 1.4-2.7x
- * at 512; Q2_K, Q3_K up to 3x). Not AVX2's four-row tile where x has lo bytes (0.79x / 0.80x
- * at 4 rows), nor the float forms or IQ4 (VNNI's loops 1.2-2.9x faster there). */
+ * run where it runs fastest. The K forms that AVX2's super-block path takes (Q2_K .. Q6_K),
+ * measured on a Zen 4 (AVX-512 VNNI, no AMX), one thread, Q4_K / Q6_K [2048, 8192]: with VNNI,
+ * the 16-lane loops beat AVX2's up to 16 rows (1.7x / 1.5x at one row, 1.4x / 1.7x at four,
+ * 1.1x at 16) and with two bytes of x (Q4_K 1.2-1.7x at every M, Q6_K 1.2-1.9x to 64 rows
+ * and about even beyond), but with one byte AVX2's
+ * super-block path wins from 64 rows (1.04x / 1.2x at 64, 1.3x / 1.4x at 512); without VNNI
+ * (two vpmaddwd a dot), AVX2's win at every M (1.3-2.7x). */
 PLAIT_INLINE int part_isa(int isa, const plait_qpart_t *p, int64_t m, int lo) {
-    const int k_form = p->scale_form == QMM_SK && qmm_sb_takes(p);
-    const int tile4 = m >= 4 && m < QMM_SB_MIN && lo;
-    return (isa == ISA_AVX512 || isa == ISA_AVX512_VNNI) && k_form && !tile4 ? ISA_AVX2 : isa;
+    if (p->scale_form != QMM_SK || !qmm_sb_takes(p)) return isa;
+    if (isa == ISA_AVX512) return ISA_AVX2;
+    return isa == ISA_AVX512_VNNI && !lo && m >= QMM_SB_MIN_VNNI ? ISA_AVX2 : isa;
 }
 
 /* Scratch kept per thread and grown as needed (its contents are not kept): `which` 0 for the
