@@ -265,6 +265,26 @@ def test_a_row_does_not_depend_on_the_batch(kind: str, isa: str, x_bits: int) ->
     assert torch.equal(run(x[:3]), whole[:3])
 
 
+@pytest.mark.parametrize("x_bits", [8, 16])
+def test_a_k_form_beside_a_float_form_past_64_rows_agrees_on_every_isa(x_bits: int) -> None:
+    """Each part runs the ISA whose loops are fastest for it (part_isa): with AVX-512 VNNI, a
+    K form with one byte of x takes AVX2's super-block path from 64 rows while a float form
+    stacked beside it keeps VNNI's loops over the same x. Every ISA, and every row alone (one
+    row: VNNI's loops for both), give the same bits, within the bound of the exact product."""
+    k = 512
+    shapes = [("Q4_0", 40), ("Q4_K", 56)]
+    w = NativeWeight.stack([NativeWeight.from_gguf(kind, raw_rows(kind, n, k, seed=n))
+                            for kind, n in shapes]).with_x_bits(x_bits)  # fmt: skip
+    x = torch.randn(72, k, generator=torch.Generator().manual_seed(7))
+    outs = [qn.native_quant_linear(x, w, isa=isa) for isa in ISAS]
+    assert all(o is not None and torch.equal(outs[0], o) for o in outs)
+    for i in (0, 1, 63, 64, 71):
+        assert torch.equal(qn.native_quant_linear(x[i : i + 1], w), outs[-1][i : i + 1]), i
+    dense = w.dequantize().double()
+    err = (outs[0].double() - x.double() @ dense.T).abs()
+    assert float(err.max()) < 1e-2 * float(x.abs().max()) * float(dense.abs().sum(1).max())
+
+
 @pytest.mark.parametrize("first", ["Q6_K", "Q8_0"])
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("m", [16, 20, 37])

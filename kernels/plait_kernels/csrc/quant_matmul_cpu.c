@@ -76,8 +76,9 @@ typedef struct {
     const float *dxt, *xs1t, *xs2t;
     int xpair;
     int lo; /* x has lo bytes (the weight's x_bits 16); with 8 they are zeros */
-    /* AVX2 with parts the super-block path takes (qmm_sb_takes) and m >= QMM_SB_MIN (else
-     * NULL): xq + 128, unsigned, laid out for sb_rows by super-block (qmm_xu) */
+    /* where a part the super-block path takes (qmm_sb_takes) runs AVX2's code (part_isa, sb_any)
+     * and m >= QMM_SB_MIN (else NULL): xq + 128, unsigned, laid out for sb_rows by
+     * super-block (qmm_xu) */
     const uint8_t *xu;
 } qmm_act_t;
 
