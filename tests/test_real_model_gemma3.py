@@ -119,7 +119,7 @@ def test_one_byte_activations_answer_right() -> None:
 def test_the_model_answers_right_and_stops_at_the_end_of_its_turn(engine: Engine) -> None:
     question = "Q: What is the capital of France?\nA:"  # a base model: a completion, not a chat
     out = engine.generate(question, {"max_new_tokens": 8, "temperature": 0, "stop": "\n"})
-    assert out["text"] in (" Paris", " Paris.", " The capital of France is Paris.")
+    assert out["text"] == " The capital of France is Paris."
     end_of_turn = engine.runtime.tokenizer.convert_tokens_to_ids("<end_of_turn>")
     assert end_of_turn in engine.runtime.runner.eos_ids  # the file names no end of turn
     conversation = [
