@@ -189,13 +189,6 @@ PLAIT_INLINE void QF(sb_prepare)(const int planes, const plait_qpart_t *p, int64
     }
 }
 
-/* The rows of a pass over rows i0 .. i1: at most SB_ROWS, even, the passes split evenly (no
- * short last pass decodes the blocks again for a few rows). */
-PLAIT_INLINE int64_t QF(sb_pass)(int64_t i0, int64_t i1) {
-    const int64_t passes = (i1 - i0 + SB_ROWS - 1) / SB_ROWS;
-    return ((i1 - i0 + passes - 1) / passes + 1) & ~(int64_t)1;
-}
-
 /* A pass's totals (T: row c0 + r's part q at r * 2 NB + q) stored: block b's at out + 16 b,
  * the last block's first `rows`. */
 PLAIT_INLINE void QF(sb_store)(const int NB, const QV_F32 *T, int64_t c0, int64_t c1, float *out,
@@ -221,7 +214,7 @@ PLAIT_INLINE void QF(sb_rows_n)(const int LO, const int planes, const plait_qpar
     QV_I16 W[32], MW[2][8];
     QV_I32 K[2];
     QV_F32 T[SB_ROWS * 2], d[2], dm[2] = {{0}}; /* T: row r's part q at 2 r + q */
-    const int64_t step = QF(sb_pass)(i0, i1);
+    const int64_t step = qmm_pass(i0, i1, SB_ROWS);
     for (int64_t c0 = i0; c0 < i1; c0 += step) {
         const int64_t c1 = c0 + step < i1 ? c0 + step : i1;
         for (int64_t u = 0; u < supers; ++u) {
@@ -312,7 +305,7 @@ PLAIT_INLINE void QF(sbf_rows_n)(const int LO, const int planes, const int NB,
     int8_t D[2 * 4096] __attribute__((aligned(64)));
     QV_I32 K[8 * P];
     QV_F32 T[SB_ROWS * P]; /* row r's part q at r * np + q */
-    const int64_t step = QF(sb_pass)(i0, i1);
+    const int64_t step = qmm_pass(i0, i1, SB_ROWS);
     for (int64_t c0 = i0; c0 < i1; c0 += step) {
         const int64_t c1 = c0 + step < i1 ? c0 + step : i1;
         for (int64_t u = 0; u < runs; ++u) {

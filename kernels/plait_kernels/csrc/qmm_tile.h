@@ -341,6 +341,7 @@ PLAIT_INLINE void QF(row1)(const int LO, const int planes, const int SUBS, const
 
 #include "qmm_ktile.h"
 #include "qmm_sb.h"
+#include "qmm_sbv.h"
 
 #ifdef QMM_AMX
 /* AMX: 16 rows of x at a time. Forms with float scales (amx16): against one block whose codes
@@ -523,6 +524,14 @@ static int64_t QF(amx_rows)(const plait_qpart_t *p, const qmm_act_t *a, int64_t 
         const int64_t end = nb == 2 ? a->m : i + ((a->m - i) & ~(int64_t)1);                       \
         QF(sb_rows)(LO, PLANES, nb, p, a, i, end, blk0, S, Z, bs, out0, ldo, rows0);               \
         i = end;                                                                                   \
+    }
+#elif QMM_W == 16 && defined(QMM_SBV)
+/* qmm_sbv_min rows of x or more of a K form the VNNI super-block path takes: sbv_rows takes
+ * them all (nb is 1 for a K form). */
+#define QMM_SB_ROWS(PLANES)                                                                        \
+    if (a->xu && qmm_sbv_takes(p) && a->m - i >= qmm_sbv_min(p, LO)) {                             \
+        QF(sbv_rows)(LO, PLANES, p, a, i, a->m, blk0, out0, ldo, rows0);                           \
+        i = a->m;                                                                                  \
     }
 #else
 #define QMM_SB_ROWS(PLANES)

@@ -76,9 +76,9 @@ typedef struct {
     const float *dxt, *xs1t, *xs2t;
     int xpair;
     int lo; /* x has lo bytes (the weight's x_bits 16); with 8 they are zeros */
-    /* where a part the super-block path takes (qmm_sb_takes) runs AVX2's code (part_isa, sb_any)
-     * and m >= QMM_SB_MIN (else NULL): xq + 128, unsigned, laid out for sb_rows by
-     * super-block (qmm_xu) */
+    /* where a super-block path takes a part (sb_any; else NULL): xq laid out by super-block
+     * (qmm_xu), + 128 (unsigned) for AVX2's (qmm_sb.h), as it is (signed) for VNNI's
+     * (qmm_sbv.h) */
     const uint8_t *xu;
 } qmm_act_t;
 
@@ -94,11 +94,11 @@ PLAIT_INLINE const int16_t *qmm_runs(const qmm_act_t *a, int64_t row, int sub, i
     return a->xr + row * (3 * a->k / 16) + qmm_run_at(a->k, sub, lo);
 }
 
-/* The bytes of a row of x + 128 over a super-block (qmm_xu): 256 hi, then 256 lo where x
+/* The bytes of a row of x over a super-block (qmm_xu): 256 hi, then 256 lo where x
  * has lo. */
 PLAIT_INLINE int64_t qmm_xu_bytes(int lo) { return 256 * (1 + lo); }
 
-/* Row `row` of x + 128 over super-block u (a run of eight groups, the last of a row may be
+/* Row `row` of x (+ 128 for AVX2's path) over super-block u (a run of eight groups, the last of a row may be
  * short): its 256 hi bytes (then its 256 lo bytes where x has lo), every row's one after
  * another per super-block, so that a pass of rows over a super-block reads one piece of
  * memory (rows 2 k bytes apart would share a few cache sets). */
@@ -131,6 +131,17 @@ PLAIT_INLINE int qmm_fold(int planes) {
  * saved (0.80-0.92x at 4 rows, about even at 8 and 12, 1.02-1.18x at 16: Q4_K and Q6_K of a
  * 1B-class model, one thread of an AVX2 EPYC). */
 #define QMM_SB_MIN 16
+
+/* The rows of a pass over rows i0 .. i1 of a super-block path: at most `most` (even), even,
+ * the passes split evenly (no short last pass decodes the blocks again for a few rows). */
+PLAIT_INLINE int64_t qmm_pass(int64_t i0, int64_t i1, int64_t most) {
+    const int64_t passes = (i1 - i0 + most - 1) / most;
+    return ((i1 - i0 + passes - 1) / passes + 1) & ~(int64_t)1;
+}
+
+/* How many rows of x the super-block path with VNNI (sbv_rows, qmm_sbv.h) runs against a
+ * vector of codes with one byte of x (half as many with two: twice the sums a row). */
+#define QMM_SBV_R 8
 
 /* That path multiplies x + 128 (unsigned) against the codes, less a K form's zero (signed): a
  * pair then sums to at most 2 * 255 * max|code - zero|, and qmm_sb_fold(planes) pairs must
@@ -166,6 +177,22 @@ PLAIT_INLINE int qmm_sb_blocks(const plait_qpart_t *p, int lo) {
 PLAIT_INLINE int qmm_sb_takes(const plait_qpart_t *q) {
     const int sk = q->scale_form == QMM_SK;
     return (sk || q->sub == 32) && qmm_sb_fits(q->planes, sk ? q->zero : 0);
+}
+
+/* Whether the super-block path with VNNI (qmm_sbv.h) takes part q: a K form whose codes less
+ * its zero are signed bytes. */
+PLAIT_INLINE int qmm_sbv_takes(const plait_qpart_t *q) {
+    const int top = qmm_code_top(q->planes);
+    return q->scale_form == QMM_SK && q->zero >= 0 && q->zero <= 128 && top - q->zero <= 127;
+}
+
+/* The fewest rows of x with which that path takes part q (fewer take tile4k; lo: x has lo
+ * bytes). Against tile4k on a Zen 4, one thread, Q4_K / Q6_K [2048, 8192] and [8192, 2048]:
+ * with one byte of x 1.0x / 1.05x at 4 rows, 1.25x at 8, 1.4x / 1.4x at 16, 1.4x / 1.2x at
+ * 512; with two, Q4_K 1.0x at 4, 1.1x at 8, 1.2-1.3x from 16, but Q6_K (sub-blocks of 16:
+ * twice the sub-scale products) 0.87x at 4, 0.95-1.0x at 16, 1.1x at 64, 1.2x at 512. */
+PLAIT_INLINE int64_t qmm_sbv_min(const plait_qpart_t *q, int lo) {
+    return !lo ? 4 : q->sub == 32 ? 8 : 64;
 }
 
 /* Floats of a block's scales and offsets as block_scales makes them: S, then Z, 16 per run of
@@ -456,10 +483,18 @@ PLAIT_INLINE i32x16 dp_vnni(i32x16 acc, u8x64 a, i8x64 b) {
     return (i32x16)_mm512_dpbusd_epi32((__m512i)acc, (__m512i)a, (__m512i)b);
 }
 
+PLAIT_INLINE i32x16 dpw_vnni(i32x16 acc, i16x32 a, i16x32 b) {
+    return (i32x16)_mm512_dpwssd_epi32((__m512i)acc, (__m512i)a, (__m512i)b);
+}
+
 #define QMM_SFX _vnni
 #define QMM_DP dp_vnni
+#define QMM_DPW dpw_vnni
+#define QMM_SBV 1
 #include "qmm_tile.h"
 #undef QMM_SFX
+#undef QMM_SBV
+#undef QMM_DPW
 #pragma GCC pop_options
 
 #pragma GCC push_options
@@ -526,24 +561,17 @@ static blocks_fn pick(int isa) {
     return blocks_generic;
 }
 
-/* The fewest rows of x with which a K form on AVX-512 VNNI without AMX takes AVX2's
- * super-block path (part_isa). */
-#define QMM_SB_MIN_VNNI 64
-
-/* The instruction set part p runs on for m rows of x (lo: x has lo bytes) where the CPU's best
- * is `isa`. Every path gives a row the same bits on every ISA (the integers are exact and the
- * float steps the same per lane; tests/test_kernels_native.py holds them to it), so a part may
- * run where it runs fastest. The K forms that AVX2's super-block path takes (Q2_K .. Q6_K),
- * measured on a Zen 4 (AVX-512 VNNI, no AMX), one thread, Q4_K / Q6_K [2048, 8192]: with VNNI,
- * the 16-lane loops beat AVX2's up to 16 rows (1.7x / 1.5x at one row, 1.4x / 1.7x at four,
- * 1.1x at 16) and with two bytes of x (Q4_K 1.2-1.7x at every M, Q6_K 1.2-1.9x to 64 rows
- * and about even beyond), but with one byte AVX2's
- * super-block path wins from 64 rows (1.04x / 1.2x at 64, 1.3x / 1.4x at 512); without VNNI
- * (two vpmaddwd a dot), AVX2's win at every M (1.3-2.7x). */
-PLAIT_INLINE int part_isa(int isa, const plait_qpart_t *p, int64_t m, int lo) {
+/* The instruction set part p runs on where the CPU's best is `isa`. Every path gives a row the
+ * same bits on every ISA (the integers are exact and the float steps the same per lane;
+ * tests/test_kernels_native.py holds them to it), so a part may run where it runs fastest. On
+ * AVX-512 without VNNI (two vpmaddwd a dot) the K forms that AVX2's super-block path takes
+ * (Q2_K .. Q6_K) run AVX2's code, 1.3-2.7x faster at every M there (a Zen 4 at that level,
+ * one thread, Q4_K / Q6_K [2048, 8192]). With VNNI they keep its loops: below 4 rows of x
+ * they beat AVX2's (1.7x / 1.5x at one row), and from qmm_sbv_min rows its own super-block
+ * path (qmm_sbv.h) beats AVX2's (Q4_K 1.4x, Q6_K 1.2x at 512 rows with one byte of x). */
+PLAIT_INLINE int part_isa(int isa, const plait_qpart_t *p) {
     if (p->scale_form != QMM_SK || !qmm_sb_takes(p)) return isa;
-    if (isa == ISA_AVX512) return ISA_AVX2;
-    return isa == ISA_AVX512_VNNI && !lo && m >= QMM_SB_MIN_VNNI ? ISA_AVX2 : isa;
+    return isa == ISA_AVX512 ? ISA_AVX2 : isa;
 }
 
 /* Scratch kept per thread and grown as needed (its contents are not kept): `which` 0 for the
@@ -617,7 +645,7 @@ static void run_part(void *ctx, int part, int parts) {
         int64_t r0 = j->row0[p] + blk * BLOCK_ROWS, left = q->n - blk * BLOCK_ROWS;
         int64_t cols = left < nblk * BLOCK_ROWS ? left : nblk * BLOCK_ROWS;
         float *ob = j->out + r0;
-        const blocks_fn run = part_isa(j->isa, q, m, j->act.lo) == ISA_AVX2 ? j->run_k : j->run;
+        const blocks_fn run = part_isa(j->isa, q) == ISA_AVX2 ? j->run_k : j->run;
         run(q, &j->act, blk, nblk, (float *)buf, (uint8_t *)(buf + 8 * k * most), ob, ldo);
         b += nblk;
         if (j->bias == NULL) continue;
@@ -633,21 +661,21 @@ typedef struct {
     int64_t ldx, span;
     qmm_act_t act;
     int8_t *xq, *xt;
-    uint8_t *xu;
+    uint8_t *xu, flip; /* flip: fill_xu's */
     float *dx, *xs, *dxt, *xs1t, *xs2t;
     int32_t *xi;
     int16_t *xr;
 } xjob_t;
 
-/* Rows lo .. hi of xu (qmm_xu's layout) from xq. */
-static void fill_xu(const qmm_act_t *a, uint8_t *xu, int64_t lo, int64_t hi) {
+/* Rows lo .. hi of xu (qmm_xu's layout) from xq, each byte xor `flip` (0x80: + 128). */
+static void fill_xu(const qmm_act_t *a, uint8_t *xu, uint8_t flip, int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i)
         for (int64_t g = 0; g < a->k / 32; ++g) {
             const int8_t *src = a->xq + i * 2 * a->k + 64 * g;
             uint8_t *dst = xu + (qmm_xu(a, i, g / 8) - a->xu) + 32 * (g % 8);
-            for (int t = 0; t < 32; ++t) dst[t] = (uint8_t)(src[t] ^ 0x80);
+            for (int t = 0; t < 32; ++t) dst[t] = (uint8_t)(src[t] ^ flip);
             if (a->lo)
-                for (int t = 0; t < 32; ++t) dst[256 + t] = (uint8_t)(src[32 + t] ^ 0x80);
+                for (int t = 0; t < 32; ++t) dst[256 + t] = (uint8_t)(src[32 + t] ^ flip);
         }
 }
 
@@ -659,7 +687,7 @@ PLAIT_CLONES static void quantize_part(void *ctx, int part, int parts) {
     for (int64_t i = r0; i < r1; ++i)
         quantize_row(j->x + i * j->ldx, k, j->span, j->act.lo, j->xq + 2 * i * k, j->dx + i * gc,
                      j->xs + i * 2 * gc, j->xi + i * 4 * gc, j->xr + i * 3 * k / 16);
-    if (j->xu != NULL) fill_xu(&j->act, j->xu, r0, r1);
+    if (j->xu != NULL) fill_xu(&j->act, j->xu, j->flip, r0, r1);
     if (j->xt != NULL) tile_rows(&j->act, j->span == 256, r0, r1, j->xt, j->dxt, j->xs1t, j->xs2t);
 }
 
@@ -684,12 +712,16 @@ static int check_weight(const plait_weight_t *w) {
     return n == w->n;
 }
 
-/* Whether the super-block path takes any part of w for m rows of x on `isa` (then x + 128 is
- * laid out for it: xu): AVX2's code for that part (part_isa), 16 rows or more. */
+/* Which super-block path takes a part of w for m rows of x on `isa` (then x is laid out for
+ * it: xu), or 0: AVX2's (qmm_sb.h) where the part runs AVX2's code (part_isa), from
+ * QMM_SB_MIN rows, or VNNI's (qmm_sbv.h), from qmm_sbv_min. No call has parts on both:
+ * part_isa moves parts to AVX2 only from AVX-512 without VNNI. */
 static int sb_any(const plait_weight_t *w, int isa, int64_t m) {
     for (int64_t p = 0; p < w->nparts; ++p) {
         const plait_qpart_t *q = &w->part[p];
-        if (qmm_sb_takes(q) && part_isa(isa, q, m, w->x_bits == 16) == ISA_AVX2) return 1;
+        const int lo = w->x_bits == 16, on = part_isa(isa, q);
+        if (on == ISA_AVX2 && m >= QMM_SB_MIN && qmm_sb_takes(q)) return ISA_AVX2;
+        if (on == ISA_AVX512_VNNI && qmm_sbv_takes(q) && m >= qmm_sbv_min(q, lo)) return on;
     }
     return 0;
 }
@@ -718,14 +750,16 @@ int plait_qmm_f32(int isa, int threads, plait_pool_fn pool, const float *x, int6
     size_t shorts = (size_t)(3 * m * k / 16);
     size_t sums = (sizeof(float) * (floats + ints) + sizeof(int16_t) * shorts + 63) & ~(size_t)63;
     const int lo = w->x_bits == 16;
-    const size_t xu_bytes = m >= QMM_SB_MIN && sb_any(w, isa, m) ? xu_size(m, k, lo) : 0;
+    const int sb = sb_any(w, isa, m);
+    const size_t xu_bytes = sb ? xu_size(m, k, lo) : 0;
     char *buf = scratch(0, xq_bytes + sums + xt_bytes + xu_bytes);
     if (buf == NULL) return -1;
-    xjob_t xj = {x, ldx, span, {0}, (int8_t *)buf, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    xjob_t xj = {x, ldx, span, {0}, (int8_t *)buf, NULL, NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
     xj.dx = (float *)(buf + xq_bytes), xj.xs = xj.dx + m * gc, xj.xi = (int32_t *)(xj.xs + 2 * m * gc);
     xj.act = (qmm_act_t){xj.xq, xj.dx, xj.xs, xj.xi, NULL, m, k, NULL, NULL, NULL, NULL, 0, lo,
                          NULL};
     if (xu_bytes > 0) xj.xu = (uint8_t *)(buf + xq_bytes + sums + xt_bytes), xj.act.xu = xj.xu;
+    xj.flip = sb == ISA_AVX2 ? 0x80 : 0;
     if (tiled) {
         xj.dxt = (float *)(xj.xi + 4 * m * gc), xj.xs1t = xj.dxt + m16 * gc;
         xj.xs2t = xj.xs1t + m16 * gc, xj.xt = (int8_t *)(buf + xq_bytes + sums);

@@ -1,0 +1,184 @@
+/* The super-block path of the quantized matmul with AVX-512 VNNI (QMM_W 16, QMM_SBV), included
+ * by qmm_tile.h after qmm_ktile.h, whose K-form helpers it uses: for qmm_sbv_min rows of x or
+ * more of a K form, a super-block of a block (8 groups, its 16 rows) is decoded once into D
+ * and every row of x takes it, QMM_SBV_R rows at a time (half as many with lo bytes) against
+ * x laid out by super-block (qmm_xu, signed here). Per vector of codes (16 rows x 4 values)
+ * each row's vpdpbusd takes four of its bytes as a broadcast memory operand; a sub-block's
+ * int32 sums times its sub-scales (vpmulld) add up th and tl. The zero's share,
+ * zero sum_s S[s] sum(x over s), is one row's run sums against int16 pairs (vpdpwssd), as are
+ * the mins where a part has them (a K form with mins has zero 0), so th, tl and the mins' mh,
+ * ml are tile4k's integers exactly, and sk_add makes the same bits. Where tile4k decodes a
+ * group again for every four rows of x and widens its sums per group, here the decode is paid
+ * once a pass and a vector of codes serves QMM_SBV_R rows with one instruction each. */
+#if QMM_W == 16 && defined(QMM_SBV)
+#define SBV_ROWS 128 /* rows of x per pass over a block (their totals: 8 KiB) */
+/* Keeps v in a register (any of the 32): left alone, GCC kept the rows' sums on the stack. */
+#define SBV_PIN(v) __asm__("" : "+v"(v))
+
+/* acc + the 4-way dots of the codes w (unsigned) and four bytes of x at p (signed), broadcast:
+ * vpdpbusd with a broadcast memory operand (GCC, given the broadcast, loads it apart). */
+PLAIT_INLINE QV_I32 QF(sbv_dp)(QV_I32 acc, QV_U8 w, const int8_t *p) {
+    __asm__("vpdpbusd %[x]%{1to16%}, %[w], %[acc]"
+            : [acc] "+v"(acc)
+            : [w] "v"(w), [x] "m"(*(const int32_t *)p));
+    return acc;
+}
+
+/* Two int16 at p broadcast as a pair to every lane. */
+PLAIT_INLINE QV_I16 QF(sbv_pair)(const int16_t *p) {
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return (QV_I16)((QV_I32){} + v);
+}
+
+/* Super-block u of block blk decoded: D[64 (8 g + t) ..] holds group g's V[t] (the codes as
+ * they are), S[s] the sub-scales of its sub-block s (of 8 subs, each 32 / subs values: V[t]
+ * for t in s (8 / subs) ..), and O[c] int16 pairs of runs 2 c, 2 c + 1 (runs: the sub-blocks)
+ * for each row's offsets (sbv_offsets): the mins where the part has them, else zero * S (a
+ * K form with mins has zero 0). The codes four super-blocks on are prefetched into L2: with
+ * the weights streaming from memory (16 rows of x, Q4_K / Q6_K), into L1 the next
+ * super-block's ran at 0.78x / 0.74x, into L2 at two to eight super-blocks on alike. */
+PLAIT_INLINE void QF(sbv_decode)(const int planes, const int subs, const plait_qpart_t *p,
+                                 int64_t k, int64_t blk, int64_t u, uint8_t *D, QV_I32 *S,
+                                 QV_I16 *O) {
+    const int64_t gc = k / 32, gbytes = qmm_group_bytes(planes), supers = k / 256;
+    const uint8_t *codes = p->codes + (blk * gc + 8 * u) * gbytes;
+    const int8_t *sc = (const int8_t *)p->scales + (blk * gc + 8 * u) * subs * 16;
+    const int8_t *mn = p->mins ? (const int8_t *)p->mins + (blk * supers + u) * 128 * subs : NULL;
+    for (int64_t line = 0; line < 8 * gbytes; line += 64) /* 4 super-blocks ahead, into L2 */
+        __builtin_prefetch(codes + 32 * gbytes + line, 0, 2);
+    for (int g = 0; g < 8; ++g) {
+        QV_U8 V[8];
+        QF(decode)(planes, codes + g * gbytes, V);
+        memcpy(D + 512 * g, V, sizeof V);
+    }
+    for (int s = 0; s < 8 * subs; ++s) S[s] = QF(load_i8)(sc + 16 * s);
+    for (int c = 0; c < 4 * subs; ++c) {
+        const QV_I32 a = mn ? QF(load_i8)(mn + 32 * c) : S[2 * c] * p->zero;
+        const QV_I32 b = mn ? QF(load_i8)(mn + 32 * c + 16) : S[2 * c + 1] * p->zero;
+        O[c] = (QV_I16)((a & 0xffff) | (b * 65536));
+    }
+}
+
+/* One row of x's offsets of a super-block in integers: oh = sum over runs of O's pairs times
+ * the row's run sums of hi (sh; qmm_runs), ol the same of lo (sl, NULL without lo): the mins'
+ * mh, ml (sk_mins), or zero sum_s S[s] sh[s], the zero's share of th (tile4k's integers). */
+PLAIT_INLINE void QF(sbv_offsets)(const int subs, const QV_I16 *O, const int16_t *sh,
+                                  const int16_t *sl, QV_I32 *oh, QV_I32 *ol) {
+    QV_I32 h = {0}, l = {0};
+#pragma GCC unroll 8
+    for (int c = 0; c < 4 * subs; ++c) {
+        h = QMM_DPW(h, O[c], QF(sbv_pair)(sh + 2 * c));
+        if (sl != NULL) l = QMM_DPW(l, O[c], QF(sbv_pair)(sl + 2 * c));
+    }
+    *oh = h, *ol = l;
+}
+
+/* R rows of x from x0 (their 256 hi bytes, then with LO 256 lo bytes; rows rb apart: qmm_xu)
+ * against a decoded super-block: th[r], tl[r], each sub-block's dots times its sub-scales. A
+ * vector of codes is loaded once for the R rows, and each takes four bytes of x broadcast
+ * (vpdpbusd's memory operand). */
+PLAIT_INLINE void QF(sbv_dots)(const int LO, const int R, const int subs, const uint8_t *D,
+                               const QV_I32 *S, const int8_t *x0, int64_t rb, QV_I32 *th,
+                               QV_I32 *tl) {
+    const int per = 8 / subs;
+    QV_I32 h[QMM_SBV_R], l[QMM_SBV_R]; /* R <= QMM_SBV_R (no VLA: GCC keeps those in memory) */
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) h[r] = l[r] = (QV_I32){0};
+    for (int s = 0; s < 8 * subs; ++s) {
+        QV_I32 ah[QMM_SBV_R], al[QMM_SBV_R];
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) ah[r] = al[r] = (QV_I32){0};
+#pragma GCC unroll 8
+        for (int t = per * s; t < per * s + per; ++t) {
+            QV_U8 w;
+            memcpy(&w, D + 64 * t, sizeof w);
+            SBV_PIN(w);
+#pragma GCC unroll 8
+            for (int r = 0; r < R; ++r) {
+                ah[r] = QF(sbv_dp)(ah[r], w, x0 + r * rb + 4 * t);
+                SBV_PIN(ah[r]);
+                if (!LO) continue;
+                al[r] = QF(sbv_dp)(al[r], w, x0 + r * rb + 256 + 4 * t);
+                SBV_PIN(al[r]);
+            }
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+            h[r] += S[s] * ah[r];
+            SBV_PIN(h[r]);
+            if (!LO) continue;
+            l[r] += S[s] * al[r];
+            SBV_PIN(l[r]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) th[r] = h[r], tl[r] = l[r];
+}
+
+/* R rows of x from row i against super-block u (decoded: D, S, O; scales d, dm from
+ * sk_scales) added to their totals T (row i + r at T[i - c0 + r]) as tile4k adds them
+ * (sk_add). */
+PLAIT_INLINE void QF(sbv_step)(const int LO, const int R, const int subs, const qmm_act_t *a,
+                               int64_t i, int64_t c0, int64_t u, const uint8_t *D,
+                               const QV_I32 *S, const QV_I16 *O, QV_F32 d, QV_F32 dm, int mins,
+                               QV_F32 *T) {
+    const int64_t gc = a->k / 32, runs = 8 * subs;
+    QV_I32 th[QMM_SBV_R], tl[QMM_SBV_R];
+    QF(sbv_dots)(LO, R, subs, D, S, (const int8_t *)qmm_xu(a, i, u), qmm_xu_bytes(LO), th, tl);
+    for (int r = 0; r < R; ++r) {
+        const int64_t row = i + r;
+        const int16_t *sh = qmm_runs(a, row, 32 / subs, 0) + runs * u;
+        const int16_t *sl = LO ? qmm_runs(a, row, 32 / subs, 1) + runs * u : NULL;
+        QV_I32 oh, ol, none = {0};
+        QF(sbv_offsets)(subs, O, sh, sl, &oh, &ol);
+        if (!mins) th[r] -= oh, tl[r] -= ol; /* the zero's share */
+        QV_F32 *t = &T[row - c0];
+        *t = QF(sk_add)(u ? *t : (QV_F32){0}, th[r], tl[r], d, a->dx[row * gc + 8 * u], mins,
+                        dm, mins ? oh : none, mins ? ol : none);
+    }
+}
+
+/* Rows i0 .. i1 of x against block blk (its first `rows` outputs at out) of a K form: in
+ * passes of at most SBV_ROWS rows (split evenly: qmm_pass), per super-block, decoded once
+ * (sbv_decode) for every row of the pass; QMM_SBV_R rows at a time, then one. */
+PLAIT_INLINE void QF(sbv_rows_n)(const int LO, const int planes, const int subs,
+                                 const plait_qpart_t *p, const qmm_act_t *a, int64_t i0,
+                                 int64_t i1, int64_t blk, float *out, int64_t ldo, int rows) {
+    const int R = LO ? QMM_SBV_R / 2 : QMM_SBV_R; /* with lo, twice the sums a row */
+    const int64_t k = a->k, supers = k / 256, step = qmm_pass(i0, i1, SBV_ROWS);
+    const int mins = p->mins != NULL;
+    uint8_t D[4096] __attribute__((aligned(64)));
+    QV_I32 S[16], mv[16];
+    QV_I16 O[8];
+    QV_F32 T[SBV_ROWS], d, dm = {0};
+    for (int64_t c0 = i0; c0 < i1; c0 += step) {
+        const int64_t c1 = c0 + step < i1 ? c0 + step : i1;
+        for (int64_t u = 0; u < supers; ++u) {
+            QF(sbv_decode)(planes, subs, p, k, blk, u, D, S, O);
+            QF(sk_scales)(p, blk, u, supers, subs, 0, &d, &dm, mv);
+            int64_t i = c0;
+            for (; i + R <= c1; i += R)
+                QF(sbv_step)(LO, R, subs, a, i, c0, u, D, S, O, d, dm, mins, T);
+            for (; i + R / 2 <= c1; i += R / 2)
+                QF(sbv_step)(LO, R / 2, subs, a, i, c0, u, D, S, O, d, dm, mins, T);
+            for (; i < c1; ++i) QF(sbv_step)(LO, 1, subs, a, i, c0, u, D, S, O, d, dm, mins, T);
+        }
+        for (int64_t row = c0; row < c1; ++row)
+            QF(store_lanes)(out + row * ldo, &T[row - c0], rows, 0);
+    }
+}
+
+/* Rows i0 .. i1 of x against block blk of a K form qmm_sbv_takes (sbv_rows_n, its sub-blocks'
+ * count a constant). */
+PLAIT_INLINE void QF(sbv_rows)(const int LO, const int planes, const plait_qpart_t *p,
+                               const qmm_act_t *a, int64_t i0, int64_t i1, int64_t blk,
+                               float *out, int64_t ldo, int rows) {
+    if (p->sub == 16)
+        QF(sbv_rows_n)(LO, planes, 2, p, a, i0, i1, blk, out, ldo, rows);
+    else
+        QF(sbv_rows_n)(LO, planes, 1, p, a, i0, i1, blk, out, ldo, rows);
+}
+#undef SBV_ROWS
+#undef SBV_PIN
+#endif
