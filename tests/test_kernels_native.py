@@ -175,11 +175,13 @@ def test_the_widest_codes_against_the_widest_bytes_of_x_are_exact() -> None:
 def test_the_super_block_path_past_a_pass_of_rows_with_the_widest_bytes(
     kind: str, x_bits: int, n: int
 ) -> None:
-    """The super-block path (AVX2: x + 128 against the codes, less the zero for K forms, at
-    most 128 rows of x a pass, split evenly: here 66 and 65 for blocks taken in pairs, 66 and 64
-    and an odd last row alone for a block taken alone): rows of bytes at +-127 (x + 128 at 1
-    and 255, the int16 pair sums' extremes) and rows on both sides of the passes' seam stay
-    within the bound, every ISA and every row alone give the same bits. 72 rows of weights: two
+    """The super-block paths (AVX2: x + 128 against the codes, less the zero for K forms; with
+    AVX-512 VNNI, K forms only, x's signed bytes against the codes as they are, 8 rows a
+    vector of codes or 4 with two bytes, then one at a time; both at most 128 rows of x a pass,
+    split evenly: here 66 and 65 for blocks taken in pairs, 66 and 64 and an odd last row alone
+    for a block taken alone on AVX2): rows of bytes at +-127 (x + 128 at 1 and 255, the int16
+    pair sums' extremes) and rows on both sides of the passes' seam stay within the bound,
+    every ISA and every row alone give the same bits. 72 rows of weights: two
     pairs of blocks and a short block alone; 56: a pair whose second block is short. The legacy
     kinds run 576 values (a last run of two groups where K forms have super-blocks of eight;
     Q8_0's codes, like IQ4's, take the other paths)."""
@@ -267,10 +269,12 @@ def test_a_row_does_not_depend_on_the_batch(kind: str, isa: str, x_bits: int) ->
 
 @pytest.mark.parametrize("x_bits", [8, 16])
 def test_a_k_form_beside_a_float_form_past_64_rows_agrees_on_every_isa(x_bits: int) -> None:
-    """Each part runs the ISA whose loops are fastest for it (part_isa): with AVX-512 VNNI, a
-    K form with one byte of x takes AVX2's super-block path from 64 rows while a float form
-    stacked beside it keeps VNNI's loops over the same x. Every ISA, and every row alone (one
-    row: VNNI's loops for both), give the same bits, within the bound of the exact product."""
+    """A K form and a float form stacked in one weight read one x on different paths: with
+    AVX-512 VNNI the K form takes its super-block path (x laid out by super-block, signed)
+    while the float form keeps the 16-lane loops; asked for AVX-512 without VNNI, the K form
+    runs AVX2's super-block path (part_isa; x + 128) and the float form the 16-lane loops.
+    Every ISA, and every row alone (one row: the 16-lane loops for both), give the same bits,
+    within the bound of the exact product."""
     k = 512
     shapes = [("Q4_0", 40), ("Q4_K", 56)]
     w = NativeWeight.stack([NativeWeight.from_gguf(kind, raw_rows(kind, n, k, seed=n))

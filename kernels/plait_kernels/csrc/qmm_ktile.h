@@ -6,9 +6,9 @@
  * sub-scales fold into the sums: th = sum_j sc_j sum_{k in j} hi_k (code_k - zero) and tl the
  * same of lo (exact in int32: |hi|, |lo| <= 127, |sc (code - zero)| <= 4096, 256
  * values).
- * Every path (one row, four, AVX2's super-blocks, the AMX tiles) gets the same integers however
- * it sums them, and adds a super-block to tot through sk_add, so a row gets the same bits on
- * any path. */
+ * Every path (one row, four, the super-blocks of AVX2 and VNNI, the AMX tiles) gets the same
+ * integers however it sums them, and adds a super-block to tot through sk_add, so a row gets
+ * the same bits on any path. */
 
 /* QMM_W int8 -> QMM_W int32 lanes (QMM_I8I32, vpmovsxbd: without it GCC builds the conversion
  * from scalars, on AVX2 and on AVX-512 alike, and the 16-lane K loops, which convert each
@@ -24,7 +24,7 @@ PLAIT_INLINE QV_I32 QF(load_i8)(const int8_t *p) {
 }
 
 /* Super-block u (of `supers` per row) of block blk's scales, of its QMM_W rows from r0: d, and
- * with mins -dmin in dm and each run's mins in mv[0 .. 8 * subs). */
+ * with mins -dmin in dm and each run's mins in mv[0 .. 8 * subs) (mv NULL: not them). */
 PLAIT_INLINE void QF(sk_scales)(const plait_qpart_t *p, int64_t blk, int64_t u, int64_t supers,
                                 int subs, int r0, QV_F32 *d, QV_F32 *dm, QV_I32 *mv) {
     const int64_t at = (blk * supers + u) * 16 + r0;
@@ -32,7 +32,7 @@ PLAIT_INLINE void QF(sk_scales)(const plait_qpart_t *p, int64_t blk, int64_t u, 
     if (p->mins == NULL) return;
     *dm = -QMM_CVTPH(p->dmin + at);
     const int8_t *mn = (const int8_t *)p->mins + (blk * supers + u) * 128 * subs + r0;
-    for (int j = 0; j < 8 * subs; ++j) mv[j] = QF(load_i8)(mn + 16 * j);
+    for (int j = 0; j < 8 * subs && mv != NULL; ++j) mv[j] = QF(load_i8)(mn + 16 * j);
 }
 
 /* One row of x's mins term of a super-block in integers: mh = sum_j mv[j] sh[j] over `runs`

@@ -11,7 +11,7 @@
  * group again for every four rows of x and widens its sums per group, here the decode is paid
  * once a pass and a vector of codes serves QMM_SBV_R rows with one instruction each. */
 #if QMM_W == 16 && defined(QMM_SBV)
-#define SBV_ROWS 128 /* rows of x per pass over a block (their totals: 8 KiB) */
+#define SBV_ROWS 128 /* rows of x per pass over a block (their totals: 8 KiB); even (qmm_pass) */
 /* Keeps v in a register (any of the 32): left alone, GCC kept the rows' sums on the stack. */
 #define SBV_PIN(v) __asm__("" : "+v"(v))
 
@@ -141,7 +141,8 @@ PLAIT_INLINE void QF(sbv_step)(const int LO, const int R, const int subs, const 
 
 /* Rows i0 .. i1 of x against block blk (its first `rows` outputs at out) of a K form: in
  * passes of at most SBV_ROWS rows (split evenly: qmm_pass), per super-block, decoded once
- * (sbv_decode) for every row of the pass; QMM_SBV_R rows at a time, then one. */
+ * (sbv_decode) for every row of the pass; R rows at a time (QMM_SBV_R, half with lo bytes),
+ * then at most one step of R / 2, then one at a time. */
 PLAIT_INLINE void QF(sbv_rows_n)(const int LO, const int planes, const int subs,
                                  const plait_qpart_t *p, const qmm_act_t *a, int64_t i0,
                                  int64_t i1, int64_t blk, float *out, int64_t ldo, int rows) {
@@ -149,14 +150,14 @@ PLAIT_INLINE void QF(sbv_rows_n)(const int LO, const int planes, const int subs,
     const int64_t k = a->k, supers = k / 256, step = qmm_pass(i0, i1, SBV_ROWS);
     const int mins = p->mins != NULL;
     uint8_t D[4096] __attribute__((aligned(64)));
-    QV_I32 S[16], mv[16];
+    QV_I32 S[16];
     QV_I16 O[8];
     QV_F32 T[SBV_ROWS], d, dm = {0};
     for (int64_t c0 = i0; c0 < i1; c0 += step) {
         const int64_t c1 = c0 + step < i1 ? c0 + step : i1;
         for (int64_t u = 0; u < supers; ++u) {
             QF(sbv_decode)(planes, subs, p, k, blk, u, D, S, O);
-            QF(sk_scales)(p, blk, u, supers, subs, 0, &d, &dm, mv);
+            QF(sk_scales)(p, blk, u, supers, subs, 0, &d, &dm, NULL);
             int64_t i = c0;
             for (; i + R <= c1; i += R)
                 QF(sbv_step)(LO, R, subs, a, i, c0, u, D, S, O, d, dm, mins, T);

@@ -537,13 +537,13 @@ static int64_t QF(amx_rows)(const plait_qpart_t *p, const qmm_act_t *a, int64_t 
 #define QMM_SB_ROWS(PLANES)
 #endif
 
-/* Rows i.. of x against nb blocks from blk0 (two only for the super-block path, the first
+/* Rows i.. of x against nb blocks from blk0 (two only for AVX2's super-block path, the first
  * whole; S, Z block blk0's scales, the next block's qmm_scale_floats(k) floats on; out0 block
- * blk0's outputs, the last block's first `rows`): the super-block path where it takes
- * them (both blocks at once), then per block four rows at a time, then one by one (two
- * specializations per plane kind keep the build short: a decode batch of 2 or 3 decodes its
- * codes 2 or 3 times, cheap beside reading them), each built for x with lo bytes and without
- * (a->lo). */
+ * blk0's outputs, the last block's first `rows`): a super-block path where it takes them (AVX2's:
+ * both blocks at once; VNNI's: K forms, one block), then per block four rows at a time, then one
+ * by one (two specializations per plane kind keep the build short: a decode batch of 2 or 3
+ * decodes its codes 2 or 3 times, cheap beside reading them), each built for x with lo bytes and
+ * without (a->lo). */
 #define QMM_DEFINE_ROWS(PLANES)                                                                    \
     PLAIT_INLINE void QF(rows_lo_##PLANES)(const int LO, const plait_qpart_t *p,                  \
                                            const qmm_act_t *a, int64_t i0, int64_t blk0, int nb,  \

@@ -98,9 +98,9 @@ PLAIT_INLINE const int16_t *qmm_runs(const qmm_act_t *a, int64_t row, int sub, i
  * has lo. */
 PLAIT_INLINE int64_t qmm_xu_bytes(int lo) { return 256 * (1 + lo); }
 
-/* Row `row` of x (+ 128 for AVX2's path) over super-block u (a run of eight groups, the last of a row may be
- * short): its 256 hi bytes (then its 256 lo bytes where x has lo), every row's one after
- * another per super-block, so that a pass of rows over a super-block reads one piece of
+/* Row `row` of x (+ 128 for AVX2's path) over super-block u (a run of eight groups, the last of a
+ * row may be short): its 256 hi bytes (then its 256 lo bytes where x has lo), every row's one
+ * after another per super-block, so that a pass of rows over a super-block reads one piece of
  * memory (rows 2 k bytes apart would share a few cache sets). */
 PLAIT_INLINE const uint8_t *qmm_xu(const qmm_act_t *a, int64_t row, int64_t u) {
     return a->xu + (u * a->m + row) * qmm_xu_bytes(a->lo);
@@ -143,10 +143,10 @@ PLAIT_INLINE int64_t qmm_pass(int64_t i0, int64_t i1, int64_t most) {
  * vector of codes with one byte of x (half as many with two: twice the sums a row). */
 #define QMM_SBV_R 8
 
-/* That path multiplies x + 128 (unsigned) against the codes, less a K form's zero (signed): a
- * pair then sums to at most 2 * 255 * max|code - zero|, and qmm_sb_fold(planes) pairs must
- * stay within 32767. 0 where the path does not take the planes; qmm_sb_fits checks a zero
- * (0 for the float forms, qmm_sb_takes) against the bound. */
+/* AVX2's super-block path multiplies x + 128 (unsigned) against the codes, less a K form's zero
+ * (signed): a pair then sums to at most 2 * 255 * max|code - zero|, and qmm_sb_fold(planes) pairs
+ * must stay within 32767. 0 where the path does not take the planes; qmm_sb_fits checks a zero (0
+ * for the float forms, qmm_sb_takes) against the bound. */
 PLAIT_INLINE int qmm_sb_fold(int planes) {
     static const int fold[] = {4, 0, 2, 2, 4, 4, 0};
     return fold[planes];
@@ -179,11 +179,12 @@ PLAIT_INLINE int qmm_sb_takes(const plait_qpart_t *q) {
     return (sk || q->sub == 32) && qmm_sb_fits(q->planes, sk ? q->zero : 0);
 }
 
-/* Whether the super-block path with VNNI (qmm_sbv.h) takes part q: a K form whose codes less
- * its zero are signed bytes. */
+/* Whether the super-block path with VNNI (qmm_sbv.h) takes part q: a K form whose zero times
+ * a sub-scale is an int16 (zero <= 128) and which has a zero or mins, not both (every K kind:
+ * the path counts either in a row's offsets). */
 PLAIT_INLINE int qmm_sbv_takes(const plait_qpart_t *q) {
-    const int top = qmm_code_top(q->planes);
-    return q->scale_form == QMM_SK && q->zero >= 0 && q->zero <= 128 && top - q->zero <= 127;
+    return q->scale_form == QMM_SK && q->zero >= 0 && q->zero <= 128 &&
+           (q->mins == NULL || q->zero == 0);
 }
 
 /* The fewest rows of x with which that path takes part q (fewer take tile4k; lo: x has lo
