@@ -338,6 +338,19 @@ def test_search_gives_up_within_its_trial_budget(
     assert small.complete(matcher, text=b'{"name":"xyz', is_json=True) is None
 
 
+def test_search_gives_up_within_its_cpu_seconds(
+    json_matcher: MatcherFn, info: xgr.TokenizerInfo
+) -> None:
+    """The time bound is the searching thread's CPU time: each pass stops at its share."""
+    quick = Completer(token_bytes=list(info.decoded_vocab), max_trials=10**9, max_seconds=1e-4)
+    matcher = json_matcher(PERSON, '{"name":"xyz')
+    start = time.thread_time()
+    assert quick.complete(matcher, text=b'{"name":"xyz', is_json=True) is None
+    assert time.thread_time() - start < 0.05  # a pass overruns by at most one mask fill
+    full = Completer(token_bytes=list(info.decoded_vocab), max_trials=10**9, max_seconds=10.0)
+    assert full.complete(matcher, text=b'{"name":"xyz', is_json=True) is not None
+
+
 def test_parser_state_format_is_understood(compiler: xgr.GrammarCompiler) -> None:
     """The search identifies states by the matcher's Earley items; an xgrammar release
     that prints them differently fails here (and the search raises) instead of silently."""
