@@ -126,7 +126,7 @@ PLAIT_INLINE void QF(row1k)(const int LO, const int planes, const int SUBS, cons
     QV_I32 th[QMM_HALVES] = {{0}}, tl[QMM_HALVES] = {{0}};
     for (int64_t g = 0; g < gc; ++g) {
         const uint8_t *cp = codes + g * gbytes;
-        for (int64_t line = 0; line < gbytes; line += 64) __builtin_prefetch(cp + PF_DIST_ROW + line, 0, 3);
+        for (int64_t line = 0; line < gbytes; line += 64) __builtin_prefetch(cp + PF_DIST_ROW + line, 0, 2);
         const int32_t *s = xi + 4 * g; /* sum(hi), sum(lo) of each 16 */
         for (int hf = 0; hf < parts; ++hf) {
             const int r0 = QMM_W * hf;

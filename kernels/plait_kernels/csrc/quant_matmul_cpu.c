@@ -31,14 +31,16 @@
 
 #define BLOCK_ROWS 16
 #define XQ_MAX 127.0f
-/* Codes are prefetched this many bytes ahead (every line, into all levels): the hardware
- * prefetcher alone leaves a one-token decode (weights from DRAM) well short of bandwidth.
- * PF_DIST for the paths of several rows of x (4 KiB: 2 KiB gave less prefill at two threads,
- * 8 KiB was slower), PF_DIST_ROW for one row (row1), which streams fastest: there 2 KiB gave a
- * 1B-class Q4_K_M decode 18.3 tok/s against 16.4 at 4 KiB and 17.2-17.8 at 1 and 1.5 KiB (with
- * the weights on huge pages then, 2% faster than without). */
+/* Codes are prefetched this many bytes ahead: the hardware prefetcher alone leaves a one-token
+ * decode (weights from DRAM) well short of bandwidth. PF_DIST for the paths of several rows of x
+ * (every line, into all levels; 4 KiB: 2 KiB gave less prefill at two threads, 8 KiB was
+ * slower), PF_DIST_ROW for one row (row1, row1k), which streams fastest, into L2 only (locality
+ * 2): on a Zen 4 from DRAM, Q4_K's one-row product went from 10.8-23.9 GB/s at 2 KiB into L1 to
+ * 16.9-25.5 GB/s, Q6_K's from 12.0-19.0 to 18.0-27.6 (the host's two phases; 4 KiB into L2 was
+ * between, 8 KiB into L1 no better than 2 KiB, 12 and 16 KiB into L2 as 8). On a Zen 3 (AVX2),
+ * 2 KiB into L1 had given a 1B-class Q4_K_M decode 18.3 tok/s against 16.4 at 4 KiB. */
 #define PF_DIST 4096
-#define PF_DIST_ROW 2048
+#define PF_DIST_ROW 8192
 
 enum { ISA_GENERIC = 0, ISA_AVX2 = 1, ISA_AVX512 = 2, ISA_AVX512_VNNI = 3, ISA_AMX = 4 };
 
