@@ -23,6 +23,46 @@ PLAIT_INLINE QV_I32 QF(load_i8)(const int8_t *p) {
 #endif
 }
 
+/* Two int32 vectors as int16 pairs: a's low halves in the even lanes, b's in the odd (both
+ * within int16), the form a 16-bit pair dot takes them in. */
+PLAIT_INLINE QV_I16 QF(pair16)(QV_I32 a, QV_I32 b) { return (QV_I16)((a & 0xffff) | (b * 65536)); }
+
+/* The four bytes at p in every 32-bit lane. */
+PLAIT_INLINE QV_I32 QF(bcast32)(const void *p) {
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return (QV_I32){} + v;
+}
+
+#if defined(QMM_DPW) || defined(QMM_MADD16)
+/* acc + the int16 pair dots of a and b (vpdpwssd where the build has it, else vpmaddwd and an
+ * add: the same integers). */
+PLAIT_INLINE QV_I32 QF(pdot16)(QV_I32 acc, QV_I16 a, QV_I16 b) {
+#ifdef QMM_DPW
+    return QMM_DPW(acc, a, b);
+#else
+    return QMM_MADD16(acc, a, b);
+#endif
+}
+
+/* One row of x's run sums against P parts' int16 pairs (W[q][c]: runs 2 c and 2 c + 1, for c
+ * below `pairs`): oh[q] of its sums of hi (sh), ol[q] of lo (sl, NULL without lo). With a
+ * part's mins these are sk_mins' integers; the super-block paths also weigh the zero's share
+ * so. */
+PLAIT_INLINE void QF(run_dots)(const int P, int pairs, const QV_I16 W[][8], const int16_t *sh,
+                               const int16_t *sl, QV_I32 *oh, QV_I32 *ol) {
+    for (int q = 0; q < P; ++q) oh[q] = ol[q] = (QV_I32){0};
+#pragma GCC unroll 8
+    for (int c = 0; c < pairs; ++c) {
+        const QV_I16 hb = (QV_I16)QF(bcast32)(sh + 2 * c);
+        for (int q = 0; q < P; ++q) oh[q] = QF(pdot16)(oh[q], hb, W[q][c]);
+        if (sl == NULL) continue;
+        const QV_I16 lb = (QV_I16)QF(bcast32)(sl + 2 * c);
+        for (int q = 0; q < P; ++q) ol[q] = QF(pdot16)(ol[q], lb, W[q][c]);
+    }
+}
+#endif
+
 /* Super-block u (of `supers` per row) of block blk's scales, of its QMM_W rows from r0: d, and
  * with mins -dmin in dm and each run's mins in mv[0 .. 8 * subs) (mv NULL: not them). */
 PLAIT_INLINE void QF(sk_scales)(const plait_qpart_t *p, int64_t blk, int64_t u, int64_t supers,
@@ -92,7 +132,7 @@ PLAIT_INLINE void QF(dots_k)(const int LO, const int planes, const QV_U8 V[8], c
 #pragma GCC unroll 2
         for (int j = 0; j < 2; ++j) {
             const QV_I32 sj = QF(load_i8)(j ? sc1 : sc0);
-            QF(dots16)(LO, fold, V, xg, j, (QV_I16)((sj & 0xffff) | (sj * 65536)), th, tl);
+            QF(dots16)(LO, fold, V, xg, j, QF(pair16)(sj, sj), th, tl);
             if (zero != 0) {
                 *th -= sj * (zero * s[2 * j]);
                 if (LO) *tl -= sj * (zero * s[2 * j + 1]);
@@ -202,7 +242,7 @@ PLAIT_INLINE void QF(decode_group_k)(const int planes, const uint8_t *cp, const 
     u8x64 V[8], lo[8], hi[8];
     QF(decode)(planes, cp, V);
     const i32x16 s0 = QF(load_i8)(sc0), s1 = QF(load_i8)(sc1);
-    const i16x32 w[2] = {(i16x32)((s0 & 0xffff) | (s0 * 65536)), (i16x32)((s1 & 0xffff) | (s1 * 65536))};
+    const i16x32 w[2] = {QF(pair16)(s0, s0), QF(pair16)(s1, s1)};
     for (int t = 0; t < 8; ++t) {
         const u16x32 v = (u16x32)V[t];
         const u16x32 pe = (u16x32)(((i16x32)(v & 0xff) - (int16_t)zero) * w[t / 4]);

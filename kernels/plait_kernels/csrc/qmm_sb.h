@@ -43,7 +43,7 @@ PLAIT_INLINE void QF(sb_decode)(const int planes, const plait_qpart_t *p, int64_
                     sums += QMM_DP16(ones, (QV_I8)w);
                 }
                 const QV_I32 sj = QF(load_i8)(sc + 16 * (subs * g + j * (subs - 1)) + QMM_W * h);
-                W[(g * 2 + h) * 2 + j] = (QV_I16)((sj & 0xffff) | (sj * 65536));
+                W[(g * 2 + h) * 2 + j] = QF(pair16)(sj, sj);
                 K[h] -= 128 * sj * QMM_MADD16((QV_I32){0}, sums, (QV_I16){} + 1);
             }
         }
@@ -60,11 +60,7 @@ PLAIT_INLINE int sb_dq(int q) { return 4096 * (q / 2) + 256 * (q % 2); }
  * 0.71x, Q6_K 0.88x unpinned at 512 rows; 1.03-1.09x, 1.10-1.22x pinned at 16 and 512). */
 #define SB_PIN(v) __asm__("" : "+x"(v))
 
-PLAIT_INLINE QV_U8 QF(sb_bcast)(const uint8_t *p) {
-    int32_t v;
-    memcpy(&v, p, sizeof v);
-    return (QV_U8)((QV_I32){} + v);
-}
+PLAIT_INLINE QV_U8 QF(sb_bcast)(const uint8_t *p) { return (QV_U8)QF(bcast32)(p); }
 
 PLAIT_INLINE QV_I8 QF(sb_code)(const int8_t *p) {
     QV_I8 w;
@@ -160,23 +156,6 @@ PLAIT_INLINE void QF(sb_dots14)(const int LO, const int fold, const int8_t *D, c
     for (int q = 0; q < 4; ++q) th[q] = ah[q], tl[q] = al[q];
 }
 
-/* One row of x's mins of a super-block for P parts (sk_mins' integers): its run sums sh (and
- * sl, NULL without lo) in int32 pairs against MW[q][c], part q's mins of runs 2 c and 2 c + 1. */
-PLAIT_INLINE void QF(sb_mins)(const int P, int runs, QV_I16 MW[][8], const int16_t *sh,
-                              const int16_t *sl, QV_I32 mh[4], QV_I32 ml[4]) {
-    for (int q = 0; q < P; ++q) mh[q] = ml[q] = (QV_I32){0};
-    for (int c = 0; c < runs / 2; ++c) {
-        int32_t v;
-        memcpy(&v, sh + 2 * c, sizeof v);
-        const QV_I16 hb = (QV_I16)((QV_I32){} + v);
-        for (int q = 0; q < P; ++q) mh[q] = QMM_MADD16(mh[q], hb, MW[q][c]);
-        if (sl == NULL) continue;
-        memcpy(&v, sl + 2 * c, sizeof v);
-        const QV_I16 lb = (QV_I16)((QV_I32){} + v);
-        for (int q = 0; q < P; ++q) ml[q] = QMM_MADD16(ml[q], lb, MW[q][c]);
-    }
-}
-
 /* Super-block u of block blk decoded (sb_decode) with its scales: d, dm and the mins' int16
  * pairs MW per part. */
 PLAIT_INLINE void QF(sb_prepare)(const int planes, const plait_qpart_t *p, int64_t k,
@@ -188,7 +167,7 @@ PLAIT_INLINE void QF(sb_prepare)(const int planes, const plait_qpart_t *p, int64
         QV_I32 mv[16];
         QF(sk_scales)(p, blk, u, k / 256, subs, QMM_W * h, &d[h], &dm[h], mv);
         for (int c = 0; c < runs / 2; ++c)
-            MW[h][c] = (QV_I16)((mv[2 * c] & 0xffff) | (mv[2 * c + 1] * 65536));
+            MW[h][c] = QF(pair16)(mv[2 * c], mv[2 * c + 1]);
     }
 }
 
@@ -229,8 +208,8 @@ PLAIT_INLINE void QF(sb_rows_n)(const int LO, const int planes, const plait_qpar
                     const int64_t row = i + r;
                     QV_I32 mh[4], ml[4];
                     const int16_t *sh = qmm_runs(a, row, 32 / subs, 0) + runs * u;
-                    QF(sb_mins)(2, runs, MW, sh,
-                                LO ? qmm_runs(a, row, 32 / subs, 1) + runs * u : NULL, mh, ml);
+                    QF(run_dots)(2, runs / 2, (const QV_I16(*)[8])MW, sh,
+                                 LO ? qmm_runs(a, row, 32 / subs, 1) + runs * u : NULL, mh, ml);
                     for (int q = 0; q < 2; ++q) {
                         QV_F32 *t = &T[(row - c0) * 2 + q];
                         *t = QF(sk_add)(u ? *t : (QV_F32){0}, th[r][q], tl[r][q], d[q],

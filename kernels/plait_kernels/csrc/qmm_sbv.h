@@ -24,17 +24,10 @@ PLAIT_INLINE QV_I32 QF(sbv_dp)(QV_I32 acc, QV_U8 w, const int8_t *p) {
     return acc;
 }
 
-/* Two int16 at p broadcast as a pair to every lane. */
-PLAIT_INLINE QV_I16 QF(sbv_pair)(const int16_t *p) {
-    int32_t v;
-    memcpy(&v, p, sizeof v);
-    return (QV_I16)((QV_I32){} + v);
-}
-
 /* Super-block u of block blk decoded: D[64 (8 g + t) ..] holds group g's V[t] (the codes as
  * they are), S[s] the sub-scales of its sub-block s (of 8 subs, each 32 / subs values: V[t]
  * for t in s (8 / subs) ..), and O[c] int16 pairs of runs 2 c, 2 c + 1 (runs: the sub-blocks)
- * for each row's offsets (sbv_offsets): the mins where the part has them, else zero * S (a
+ * for each row's offsets (run_dots): the mins where the part has them, else zero * S (a
  * K form with mins has zero 0). The codes four super-blocks on are prefetched into L2: with
  * the weights streaming from memory (16 rows of x, Q4_K / Q6_K), into L1 the next
  * super-block's ran at 0.78x / 0.74x, into L2 at two to eight super-blocks on alike. */
@@ -56,22 +49,8 @@ PLAIT_INLINE void QF(sbv_decode)(const int planes, const int subs, const plait_q
     for (int c = 0; c < 4 * subs; ++c) {
         const QV_I32 a = mn ? QF(load_i8)(mn + 32 * c) : S[2 * c] * p->zero;
         const QV_I32 b = mn ? QF(load_i8)(mn + 32 * c + 16) : S[2 * c + 1] * p->zero;
-        O[c] = (QV_I16)((a & 0xffff) | (b * 65536));
+        O[c] = QF(pair16)(a, b);
     }
-}
-
-/* One row of x's offsets of a super-block in integers: oh = sum over runs of O's pairs times
- * the row's run sums of hi (sh; qmm_runs), ol the same of lo (sl, NULL without lo): the mins'
- * mh, ml (sk_mins), or zero sum_s S[s] sh[s], the zero's share of th (tile4k's integers). */
-PLAIT_INLINE void QF(sbv_offsets)(const int subs, const QV_I16 *O, const int16_t *sh,
-                                  const int16_t *sl, QV_I32 *oh, QV_I32 *ol) {
-    QV_I32 h = {0}, l = {0};
-#pragma GCC unroll 8
-    for (int c = 0; c < 4 * subs; ++c) {
-        h = QMM_DPW(h, O[c], QF(sbv_pair)(sh + 2 * c));
-        if (sl != NULL) l = QMM_DPW(l, O[c], QF(sbv_pair)(sl + 2 * c));
-    }
-    *oh = h, *ol = l;
 }
 
 /* R rows of x from x0 (their 256 hi bytes, then with LO 256 lo bytes; rows rb apart: qmm_xu)
@@ -131,7 +110,7 @@ PLAIT_INLINE void QF(sbv_step)(const int LO, const int R, const int subs, const 
         const int16_t *sh = qmm_runs(a, row, 32 / subs, 0) + runs * u;
         const int16_t *sl = LO ? qmm_runs(a, row, 32 / subs, 1) + runs * u : NULL;
         QV_I32 oh, ol, none = {0};
-        QF(sbv_offsets)(subs, O, sh, sl, &oh, &ol);
+        QF(run_dots)(1, 4 * subs, (const QV_I16(*)[8])O, sh, sl, &oh, &ol);
         if (!mins) th[r] -= oh, tl[r] -= ol; /* the zero's share */
         QV_F32 *t = &T[row - c0];
         *t = QF(sk_add)(u ? *t : (QV_F32){0}, th[r], tl[r], d, a->dx[row * gc + 8 * u], mins,

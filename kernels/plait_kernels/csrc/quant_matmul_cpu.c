@@ -720,9 +720,10 @@ static int check_weight(const plait_weight_t *w) {
  * QMM_SB_MIN rows, or VNNI's (qmm_sbv.h), from qmm_sbv_min. No call has parts on both:
  * part_isa moves parts to AVX2 only from AVX-512 without VNNI. */
 static int sb_any(const plait_weight_t *w, int isa, int64_t m) {
+    const int lo = w->x_bits == 16;
     for (int64_t p = 0; p < w->nparts; ++p) {
         const plait_qpart_t *q = &w->part[p];
-        const int lo = w->x_bits == 16, on = part_isa(isa, q);
+        const int on = part_isa(isa, q);
         if (on == ISA_AVX2 && m >= QMM_SB_MIN && qmm_sb_takes(q)) return ISA_AVX2;
         if (on == ISA_AVX512_VNNI && qmm_sbv_takes(q) && m >= qmm_sbv_min(q, lo)) return on;
     }
