@@ -110,12 +110,13 @@ PLAIT_INLINE QV_F32 QF(sk_add)(QV_F32 tot, QV_I32 th, QV_I32 tl, QV_F32 d, float
 }
 
 /* One sub-block's dots (h, l: x's hi and lo against the codes) of one row of x into th, tl:
- * sh, sl are that row's sums of hi and lo over the sub-block, sc the rows' sub-scales. */
-PLAIT_INLINE void QF(sk_sub)(QV_I32 h, QV_I32 l, int32_t sh, int32_t sl, int32_t zero,
-                             const int8_t *sc, QV_I32 *th, QV_I32 *tl) {
+ * sh, sl are that row's sums of hi and lo over the sub-block, sc the rows' sub-scales. LO = 0
+ * (x in one byte: l and sl are 0) leaves tl as it is. */
+PLAIT_INLINE void QF(sk_sub)(const int LO, QV_I32 h, QV_I32 l, int32_t sh, int32_t sl,
+                             int32_t zero, const int8_t *sc, QV_I32 *th, QV_I32 *tl) {
     const QV_I32 s = QF(load_i8)(sc);
     *th += s * (h - zero * sh);
-    *tl += s * (l - zero * sl);
+    if (LO) *tl += s * (l - zero * sl);
 }
 
 /* One row of x's dots with a decoded group of a K form, with the group's sub-scales, into th,
@@ -144,10 +145,10 @@ PLAIT_INLINE void QF(dots_k)(const int LO, const int planes, const QV_U8 V[8], c
     QV_I32 h[2], l[2];
     QF(dots)(LO, planes, V, xg, s, h, l);
     if (sc0 == sc1)
-        QF(sk_sub)(h[0] + h[1], l[0] + l[1], s[0] + s[2], s[1] + s[3], zero, sc0, th, tl);
+        QF(sk_sub)(LO, h[0] + h[1], l[0] + l[1], s[0] + s[2], s[1] + s[3], zero, sc0, th, tl);
     else
         for (int j = 0; j < 2; ++j)
-            QF(sk_sub)(h[j], l[j], s[2 * j], s[2 * j + 1], zero, j ? sc1 : sc0, th, tl);
+            QF(sk_sub)(LO, h[j], l[j], s[2 * j], s[2 * j + 1], zero, j ? sc1 : sc0, th, tl);
 }
 
 /* One row of x (row i0) against one block of a K form: row1's dots, summed per super-block in
