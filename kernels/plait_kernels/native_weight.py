@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from ._native import load_native, pool_function
+from .huge_pages import empty_huge
 
 BLOCK_ROWS = 16
 GROUP = 32  # values per group of x (one int8 scale) and per decoded group of codes
@@ -207,8 +208,8 @@ class NativeWeight:
             P4 if four else P8, SF16 if half else SF32, 0 if four else 128, sub, mins is not None
         )
         dtype = SCALE_DTYPES[form.scale_form]
-        packed = torch.empty(
-            -(-n // BLOCK_ROWS), k // GROUP, GROUP_BYTES[form.planes], dtype=torch.uint8
+        packed = empty_huge(
+            (-(-n // BLOCK_ROWS), k // GROUP, GROUP_BYTES[form.planes]), dtype=torch.uint8
         )
         src = unsigned.contiguous()
         if _library().plait_pack_codes(
@@ -358,7 +359,10 @@ def _pack_sources(group: list[_Source], threads: int) -> NativePart:
 
 def _joined(a: NativePart, b: NativePart) -> NativePart:
     def cat(x: torch.Tensor | None, y: torch.Tensor | None) -> torch.Tensor | None:
-        return None if x is None or y is None else torch.cat([x, y])
+        if x is None or y is None:
+            return None
+        shape = (x.shape[0] + y.shape[0], *x.shape[1:])
+        return torch.cat([x, y], out=empty_huge(shape, dtype=x.dtype))
 
     kind = a.kind if a.kind == b.kind else f"{a.kind}+{b.kind}"
     arrays = [cat(x, y) for x, y in zip(a.arrays, b.arrays, strict=True)]
@@ -380,11 +384,11 @@ def _empty_part(kind: str, form: Form, n: int, k: int) -> NativePart:
     k_form = form.scale_form == SK
     return NativePart(
         kind=kind, form=form, n=n, k=k,
-        codes=torch.empty(blocks, k // GROUP, GROUP_BYTES[form.planes], dtype=torch.uint8),
-        scales=torch.empty(scales, dtype=dtype),
-        mins=torch.empty(scales, dtype=dtype) if form.mins else None,
-        d=torch.empty(supers, dtype=torch.float16) if k_form else None,
-        dmin=torch.empty(supers, dtype=torch.float16) if k_form and form.mins else None,
+        codes=empty_huge((blocks, k // GROUP, GROUP_BYTES[form.planes]), dtype=torch.uint8),
+        scales=empty_huge(scales, dtype=dtype),
+        mins=empty_huge(scales, dtype=dtype) if form.mins else None,
+        d=empty_huge(supers, dtype=torch.float16) if k_form else None,
+        dmin=empty_huge(supers, dtype=torch.float16) if k_form and form.mins else None,
     )  # fmt: skip
 
 
