@@ -79,9 +79,10 @@ typedef struct {
     int xpair;
     int lo; /* x has lo bytes (the weight's x_bits 16); with 8 they are zeros */
     /* where a super-block path takes a part (sb_any; else NULL): xq laid out by super-block
-     * (qmm_xu), + 128 (unsigned) for AVX2's (qmm_sb.h), as it is (signed) for VNNI's
-     * (qmm_sbv.h) */
+     * (qmm_xu), + 128 (unsigned) for AVX2's (qmm_sb.h), and for VNNI's (qmm_sbv.h) as it is
+     * (signed) or, where every part it takes has a zero and no mins (sbv_unsigned), + 128: ux */
     const uint8_t *xu;
+    int ux;
 } qmm_act_t;
 
 /* Where a row's runs of `sub` (16 or 32) values of hi (lo: of lo) start in its 3 k / 16 run
@@ -187,6 +188,14 @@ PLAIT_INLINE int qmm_sb_takes(const plait_qpart_t *q) {
 PLAIT_INLINE int qmm_sbv_takes(const plait_qpart_t *q) {
     return q->scale_form == QMM_SK && q->zero >= 0 && q->zero <= 128 &&
            (q->mins == NULL || q->zero == 0);
+}
+
+/* Whether VNNI's super-block path runs part q (of these planes) against x + 128 where the call
+ * has it so (sbv_unsigned): the forms with a zero, no mins and sub-blocks of 16 whose codes less
+ * the zero are int8, Q6_K (P4H2) and Q3_K (P2H1). */
+PLAIT_INLINE int qmm_sbv_ux(int planes, const plait_qpart_t *q) {
+    return (planes == QMM_P4H2 || planes == QMM_P2H1) && q->sub == 16 && q->zero != 0 &&
+           q->mins == NULL && q->scale_form == QMM_SK;
 }
 
 /* The fewest rows of x with which that path takes part q (fewer take tile4k; lo: x has lo
@@ -730,6 +739,25 @@ static int sb_any(const plait_weight_t *w, int isa, int64_t m) {
     return 0;
 }
 
+/* The fewest rows of x with which sbv_unsigned's form runs: below, the excess's sums per block
+ * and super-block cost more than the rows' dots they save (Q6_K [2048, 8192], one byte of x,
+ * on a Zen 4: 0.91x at 4 rows, 0.97x at 6, 1.03x at 8, 1.09x at 16, 1.11x at 128; Q3_K 1.04x
+ * at 16, 1.12x at 128; with two bytes 1.08-1.12x from 64, where that path starts). */
+#define QMM_SBV_UX_MIN 8
+
+/* Whether every part of w that VNNI's super-block path takes on `isa` is qmm_sbv_ux's: then x
+ * goes in + 128 (unsigned) against the codes less the zero (signed), and the zero's share of a
+ * row's sums, sum_s S[s] zero sum(x over s), a dot per row and super-block, becomes x + 128's
+ * excess, 128 sum_s S[s] sum(code - zero over s), one per block and super-block (sbv_decode). */
+static int sbv_unsigned(const plait_weight_t *w, int isa) {
+    for (int64_t p = 0; p < w->nparts; ++p) {
+        const plait_qpart_t *q = &w->part[p];
+        if (part_isa(isa, q) == ISA_AVX512_VNNI && qmm_sbv_takes(q) && !qmm_sbv_ux(q->planes, q))
+            return 0;
+    }
+    return 1;
+}
+
 /* Bytes of xu (qmm_xu's layout: 256 or 512 a row per run of eight groups, the last run
  * whole), a multiple of the scratch's alignment. */
 static size_t xu_size(int64_t m, int64_t k, int lo) {
@@ -761,9 +789,10 @@ int plait_qmm_f32(int isa, int threads, plait_pool_fn pool, const float *x, int6
     xjob_t xj = {x, ldx, span, {0}, (int8_t *)buf, NULL, NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
     xj.dx = (float *)(buf + xq_bytes), xj.xs = xj.dx + m * gc, xj.xi = (int32_t *)(xj.xs + 2 * m * gc);
     xj.act = (qmm_act_t){xj.xq, xj.dx, xj.xs, xj.xi, NULL, m, k, NULL, NULL, NULL, NULL, 0, lo,
-                         NULL};
+                         NULL, 0};
     if (xu_bytes > 0) xj.xu = (uint8_t *)(buf + xq_bytes + sums + xt_bytes), xj.act.xu = xj.xu;
-    xj.flip = sb == ISA_AVX2 ? 0x80 : 0;
+    xj.act.ux = sb == ISA_AVX512_VNNI && m >= QMM_SBV_UX_MIN && sbv_unsigned(w, isa);
+    xj.flip = sb == ISA_AVX2 || xj.act.ux ? 0x80 : 0;
     if (tiled) {
         xj.dxt = (float *)(xj.xi + 4 * m * gc), xj.xs1t = xj.dxt + m16 * gc;
         xj.xs2t = xj.xs1t + m16 * gc, xj.xt = (int8_t *)(buf + xq_bytes + sums);
