@@ -237,10 +237,12 @@ def test_slices_by_rows_and_columns_are_exact() -> None:
         w.slice(rows=[(8, 24)])
 
 
+@pytest.mark.parametrize(("m", "x_bits"), [(7, 16), (20, 8)])  # 20 x 8: x + 128 with VNNI
 @pytest.mark.parametrize("threads", [2, 3, 64])
-def test_threads_give_one_threads_bits(threads: int) -> None:
-    w = NativeWeight.from_gguf("Q6_K", raw_rows("Q6_K", 16 * 40 + 5, 512, seed=3))
-    x = torch.randn(7, 512)
+def test_threads_give_one_threads_bits(threads: int, m: int, x_bits: int) -> None:
+    raw = raw_rows("Q6_K", 16 * 40 + 5, 512, seed=3)
+    w = NativeWeight.from_gguf("Q6_K", raw).with_x_bits(x_bits)
+    x = torch.randn(m, 512)
     one = qn.native_quant_linear(x, w, threads=1)
     many = qn.native_quant_linear(x, w, threads=threads)
     assert qn.last_parts > 1
