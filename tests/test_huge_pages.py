@@ -70,3 +70,14 @@ def test_packed_weights_are_advised() -> None:
     both = NativeWeight.stack([w, w])  # joined parts are copied into advised memory too
     assert len(both.parts) == 1 and advised(both.parts[0].codes)
     assert torch.equal(both.parts[0].codes[: codes.shape[0]], codes)
+
+
+def test_a_kernel_refusing_the_advice_still_gets_its_array(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Refusing(mmap.mmap):
+        def madvise(self, *args: int) -> None:
+            raise OSError(22, "Invalid argument")  # a kernel built without huge pages
+
+    monkeypatch.setattr(mmap, "mmap", Refusing)
+    t = empty_huge((HUGE_PAGE,), dtype=torch.uint8)
+    t.fill_(3)
+    assert t.shape == (HUGE_PAGE,) and int(t.sum()) == 3 * HUGE_PAGE and not advised(t)

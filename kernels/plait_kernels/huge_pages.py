@@ -18,6 +18,7 @@ in after the weights cost a load 0.8 s there, for attention that is a few percen
 
 from __future__ import annotations
 
+import contextlib
 import math
 import mmap
 
@@ -38,5 +39,6 @@ def empty_huge(shape: tuple[int, ...], *, dtype: torch.dtype) -> torch.Tensor:
     whole = torch.frombuffer(region, dtype=torch.uint8)
     start = -whole.data_ptr() % HUGE_PAGE  # the first huge page boundary in the mapping
     huge = nbytes // HUGE_PAGE * HUGE_PAGE
-    region.madvise(advice, start, huge)
+    with contextlib.suppress(OSError):  # a kernel without huge pages: the advice is a hint
+        region.madvise(advice, start, huge)
     return whole[start : start + nbytes].view(dtype).view(shape)

@@ -2,8 +2,8 @@
  * by qmm_tile.h after qmm_ktile.h, whose K-form helpers it uses: for qmm_sbv_min rows of x or
  * more of a K form, a super-block of a block (8 groups, its 16 rows) is decoded once into D
  * and every row of x takes it, QMM_SBV_R rows at a time (half as many with lo bytes) against
- * x laid out by super-block (qmm_xu, signed here). Per vector of codes (16 rows x 4 values)
- * each row's vpdpbusd takes four of its bytes as a broadcast memory operand; a sub-block's
+ * x laid out by super-block (qmm_xu; signed, but where ux). Per vector of codes (16 rows x 4
+ * values) each row's vpdpbusd takes four of its bytes as a broadcast memory operand; a sub-block's
  * int32 sums times its sub-scales (vpmulld) add up th and tl. The zero's share,
  * zero sum_s S[s] sum(x over s), is one row's run sums against int16 pairs (vpdpwssd), as are
  * the mins where a part has them (a K form with mins has zero 0), so th, tl and the mins' mh,
@@ -40,8 +40,9 @@ PLAIT_INLINE QV_I32 QF(sbv_dpu)(QV_I32 acc, QV_U8 w, const uint8_t *p) {
 }
 
 /* Super-block u of block blk decoded: D[64 (8 g + t) ..] holds group g's V[t] (the codes as
- * they are; UX: less the zero, signed, and C the excess sbv_step takes from each row's sums), S[s] the sub-scales of its sub-block s (of 8 subs, each 32 / subs values: V[t]
- * for t in s (8 / subs) ..), and O[c] int16 pairs of runs 2 c, 2 c + 1 (runs: the sub-blocks)
+ * they are; UX: less the zero, signed, and C the excess sbv_step takes from each row's sums),
+ * S[s] the sub-scales of its sub-block s (of 8 subs, each 32 / subs values: V[t] for t in s
+ * (8 / subs) ..), and O[c] int16 pairs of runs 2 c, 2 c + 1 (runs: the sub-blocks)
  * for each row's offsets (run_dots): the mins where the part has them, else zero * S (a
  * K form with mins has zero 0). The codes four super-blocks on are prefetched into L2: with
  * the weights streaming from memory (16 rows of x, Q4_K / Q6_K), into L1 the next
@@ -199,7 +200,9 @@ PLAIT_INLINE void QF(sbv_rows_n)(const int UX, const int LO, const int planes, c
 PLAIT_INLINE void QF(sbv_rows)(const int LO, const int planes, const plait_qpart_t *p,
                                const qmm_act_t *a, int64_t i0, int64_t i1, int64_t blk,
                                float *out, int64_t ldo, int rows) {
-    if (a->ux && qmm_sbv_ux(planes, p)) /* x + 128 (planes a constant: the rest build none) */
+    /* x + 128 (planes a constant: the rest build none); with ux every part this path takes is
+     * qmm_sbv_ux's (sbv_unsigned), so none runs the signed form against it */
+    if (a->ux && qmm_sbv_ux(planes, p))
         QF(sbv_rows_n)(1, LO, planes, 2, p, a, i0, i1, blk, out, ldo, rows);
     else if (p->sub == 16)
         QF(sbv_rows_n)(0, LO, planes, 2, p, a, i0, i1, blk, out, ldo, rows);

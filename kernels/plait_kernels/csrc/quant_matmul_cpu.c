@@ -101,10 +101,10 @@ PLAIT_INLINE const int16_t *qmm_runs(const qmm_act_t *a, int64_t row, int sub, i
  * has lo. */
 PLAIT_INLINE int64_t qmm_xu_bytes(int lo) { return 256 * (1 + lo); }
 
-/* Row `row` of x (+ 128 for AVX2's path) over super-block u (a run of eight groups, the last of a
- * row may be short): its 256 hi bytes (then its 256 lo bytes where x has lo), every row's one
- * after another per super-block, so that a pass of rows over a super-block reads one piece of
- * memory (rows 2 k bytes apart would share a few cache sets). */
+/* Row `row` of x (+ 128 for AVX2's path, and VNNI's where ux) over super-block u (a run of
+ * eight groups, the last of a row may be short): its 256 hi bytes (then its 256 lo bytes where
+ * x has lo), every row's one after another per super-block, so that a pass of rows over a
+ * super-block reads one piece of memory (rows 2 k bytes apart would share a few cache sets). */
 PLAIT_INLINE const uint8_t *qmm_xu(const qmm_act_t *a, int64_t row, int64_t u) {
     return a->xu + (u * a->m + row) * qmm_xu_bytes(a->lo);
 }
