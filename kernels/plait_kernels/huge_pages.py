@@ -2,18 +2,17 @@
 
 A decode step reads every weight once. With 4 KiB pages that is a TLB miss every 4 KiB of
 weights (in a virtual machine each one a two-dimensional page walk); on 2 MiB pages, one every
-2 MiB. Linux gives an anonymous
-mapping huge pages where it is advised to (``MADV_HUGEPAGE``; the default ``enabled`` setting is
-``madvise``), so :func:`empty_huge` maps such an array itself and advises the whole 2 MiB pages
-inside it: its first and last partial pages stay small, so no array holds more memory than it
-uses. Where the platform has no such advice, or the array is smaller than a huge page, it is a
-plain ``torch.empty``.
+2 MiB. Linux gives an anonymous mapping huge pages where it is advised to (``MADV_HUGEPAGE``;
+the default ``enabled`` setting is ``madvise``), so :func:`empty_huge` maps such an array itself
+and advises the whole 2 MiB pages inside it: its first and last partial pages stay small, so no
+array holds more memory than it uses. Where the platform has no such advice, or the array is
+smaller than a huge page, it is a plain ``torch.empty``.
 
 The packed weights (`native_weight`) live there: on a Zen 4 VM a one-row matmul over 200 MB of
 Q4_K and Q6_K weights read them 1.02-1.24x as fast as from small pages, and one-request decode
-of a 1B-class file ran about 4% faster (docs/performance.md). The KV
-pool does not: zeroing its dummy page would commit a huge page per layer, and faulting those
-in after the weights cost a load 0.8 s there, for attention that is a few percent of a step.
+of a 1B-class file ran about 4% faster (docs/performance.md). The KV pool does not: zeroing its
+dummy page would commit a huge page per layer, and faulting those in after the weights cost a
+load 0.8 s there, for attention that is a few percent of a step.
 """
 
 from __future__ import annotations

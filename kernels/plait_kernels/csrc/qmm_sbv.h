@@ -142,20 +142,16 @@ PLAIT_INLINE void QF(sbv_step)(const int UX, const int LO, const int R, const in
                  tl);
     for (int r = 0; r < R; ++r) {
         const int64_t row = i + r;
-        if (UX) { /* the zero's share is in C, the same for every row */
-            const QV_I32 none = {0};
+        QV_I32 oh = {0}, ol = {0}, none = {0};
+        if (UX) { /* the zero's share is in C, the same for every row (no mins) */
             th[r] -= C;
             if (LO) tl[r] -= C;
-            QV_F32 *t = &T[row - c0];
-            *t = QF(sk_add)(u ? *t : (QV_F32){0}, th[r], tl[r], d, a->dx[row * gc + 8 * u], 0,
-                            dm, none, none);
-            continue;
+        } else {
+            const int16_t *sh = qmm_runs(a, row, 32 / subs, 0) + runs * u;
+            const int16_t *sl = LO ? qmm_runs(a, row, 32 / subs, 1) + runs * u : NULL;
+            QF(run_dots)(1, 4 * subs, (const QV_I16(*)[8])O, sh, sl, &oh, &ol);
+            if (!mins) th[r] -= oh, tl[r] -= ol; /* the zero's share */
         }
-        const int16_t *sh = qmm_runs(a, row, 32 / subs, 0) + runs * u;
-        const int16_t *sl = LO ? qmm_runs(a, row, 32 / subs, 1) + runs * u : NULL;
-        QV_I32 oh, ol, none = {0};
-        QF(run_dots)(1, 4 * subs, (const QV_I16(*)[8])O, sh, sl, &oh, &ol);
-        if (!mins) th[r] -= oh, tl[r] -= ol; /* the zero's share */
         QV_F32 *t = &T[row - c0];
         *t = QF(sk_add)(u ? *t : (QV_F32){0}, th[r], tl[r], d, a->dx[row * gc + 8 * u], mins,
                         dm, mins ? oh : none, mins ? ol : none);
