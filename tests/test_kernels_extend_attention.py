@@ -1,12 +1,15 @@
-"""extend_attention: Triton (interpreter) vs torch path vs explicit per-token math."""
+"""extend_attention: Triton (interpreter) vs the CPU paths (the C kernel, torch's SDPA) vs
+explicit per-token math."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+import plait.kernels._extend_native as extend_native
 from plait.kernels import extend_attention
-from plait.kernels.extend_attention import extend_attention_triton
+from plait.kernels._native import load_native
+from plait.kernels.extend_attention import extend_attention_torch, extend_attention_triton
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
@@ -75,9 +78,20 @@ def test_triton_sliding_window(window: int) -> None:
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=2e-5)
 
 
+@pytest.fixture(params=["native", "torch"])
+def cpu_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a CPU test through the C kernel (csrc/extend_attention_cpu.c) and through torch's
+    SDPA, which it falls back to."""
+    if request.param == "torch":
+        monkeypatch.setattr(extend_native, "load_native", lambda name: None)
+    else:
+        assert load_native("extend_attention_cpu") is not None  # the C kernel really runs
+    return str(request.param)
+
+
 @pytest.mark.parametrize("window", [None, 5])
 @pytest.mark.parametrize(("hq", "hkv"), [(2, 2), (4, 2), (8, 1)])
-def test_torch_matches_naive(window: int | None, hq: int, hkv: int) -> None:
+def test_torch_matches_naive(window: int | None, hq: int, hkv: int, cpu_path: str) -> None:
     case = make_case([0, 7, 3, 12], [6, 5, 0, 1], hq, hkv, 16, torch.float32, seed=hq + hkv)
     out = extend_attention(*case, scale=0.3, sliding_window=window)
     want = naive_extend(*case, scale=0.3, window=window)
@@ -158,3 +172,78 @@ def test_soft_cap_must_be_positive() -> None:
     case = make_case([0], [3], 2, 2, 16, torch.float32)
     with pytest.raises(ValueError, match="softcap"):
         extend_attention(*case, scale=0.3, softcap=0.0)
+
+
+def _native(case, scale, window=None, threads=None):
+    """The C kernel alone over each request of a case (None where it declines)."""
+    q, k_pool, v_pool, r2t, req_slots, prefix, extend = case
+    outs, row = [], 0
+    for req, pre, ext in zip(req_slots.tolist(), prefix.tolist(), extend.tolist(), strict=True):
+        if ext:
+            got = extend_native.native_extend(
+                q[row : row + ext], k_pool, v_pool, r2t[req, : pre + ext], pre,
+                scale=scale, sliding_window=window, threads=threads,
+            )  # fmt: skip
+            if got is None:
+                return None
+            outs.append(got)
+        row += ext
+    return torch.cat(outs)
+
+
+@pytest.mark.parametrize("window", [None, 1, 63, 64, 130])
+@pytest.mark.parametrize(
+    ("hq", "hkv", "d"), [(4, 2, 64), (8, 1, 128), (6, 3, 48), (2, 2, 16), (3, 1, 256)]
+)
+def test_native_matches_naive(window: int | None, hq: int, hkv: int, d: int) -> None:
+    """The C kernel against the explicit math: a pure prefill longer than a key block (64), a
+    prefix + chunk, one token after a prefix, a short one; tiles that straddle positions
+    (groups of 1-8 query heads against 4 rows a tile); head sizes for the 16- and 8-lane loops
+    (48: the 8-lane one on an AVX-512 CPU); sliding windows within and across blocks."""
+    case = make_case([0, 70, 130, 0], [150, 40, 1, 3], hq, hkv, d, torch.float32, seed=d + hq)
+    got = _native(case, 0.2, window)
+    assert got is not None  # this CPU has AVX2 or AVX-512: the kernel runs
+    want = naive_extend(*case, scale=0.2, window=window)
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_native_split_over_threads_is_exact(threads: int) -> None:
+    """A token's output is computed the same way on any split over threads, and whatever
+    the chunk its prompt was prefilled in (the key blocks start at position 0 either way)."""
+    case = make_case([0], [300], 8, 2, 64, torch.float32, seed=5)
+    one = _native(case, 0.125, threads=1)
+    assert one is not None and torch.equal(one, _native(case, 0.125, threads=threads))
+    q, k_pool, v_pool, r2t, req_slots, _, _ = case
+    chunked = (q[200:], k_pool, v_pool, r2t, req_slots, torch.tensor([200]), torch.tensor([100]))
+    assert torch.equal(one[200:], _native(chunked, 0.125))
+
+
+def test_native_declines_what_it_does_not_take() -> None:
+    """bf16 queries or pools, int64 slots and head sizes off the vector width go to torch."""
+    q, k_pool, v_pool, r2t, req_slots, prefix, extend = make_case([0], [5], 4, 2, 16, torch.float32)
+    slots = r2t[req_slots[0], :5]
+    call = extend_native.native_extend
+    assert call(q.bfloat16(), k_pool, v_pool, slots, 0, scale=0.3) is None
+    assert call(q, k_pool.bfloat16(), v_pool.bfloat16(), slots, 0, scale=0.3) is None
+    assert call(q, k_pool, v_pool, slots.long(), 0, scale=0.3) is None
+    odd = make_case([0], [5], 4, 2, 12, torch.float32)
+    assert _native(odd, 0.3) is None
+    out = extend_attention(*odd, scale=0.3)  # the torch path serves it
+    torch.testing.assert_close(out.double(), naive_extend(*odd, scale=0.3), atol=1e-5, rtol=1e-5)
+
+
+def test_native_rejects_slots_outside_the_pool() -> None:
+    q, k_pool, v_pool, r2t, req_slots, _, _ = make_case([0], [5], 4, 2, 16, torch.float32)
+    slots = r2t[req_slots[0], :5].clone()
+    slots[3] = k_pool.shape[0]
+    with pytest.raises(ValueError, match="outside the pool"):
+        extend_native.native_extend(q, k_pool, v_pool, slots, 0, scale=0.3)
+
+
+def test_native_and_torch_paths_agree_on_a_long_prompt() -> None:
+    """A 1,000-token prompt at a Llama head layout: the C kernel and torch's flash kernel."""
+    case = make_case([0], [1000], 8, 2, 64, torch.float32, seed=3)
+    got = extend_attention_torch(*case, scale=0.125)
+    want = extend_attention_torch(*case, scale=0.125, native=False)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

@@ -15,6 +15,7 @@ import triton.language as tl
 
 from ._attn_common import check_paged_attention, soft_capped, tl_soft_cap
 from ._dispatch import choose_impl, next_pow2
+from ._extend_native import native_extend
 
 
 def extend_attention(
@@ -84,9 +85,11 @@ def extend_attention_torch(
     scale: float,
     sliding_window: int | None = None,
     softcap: float | None = None,
+    native: bool = True,
 ) -> torch.Tensor:
-    """Reference / CPU path: one ``scaled_dot_product_attention`` per request (explicit
-    scores where a soft cap must change them).
+    """Reference / CPU path: per request, the C kernel (``_extend_native``: fp32, no soft cap)
+    when ``native`` and it can run, else one ``scaled_dot_product_attention`` (explicit scores
+    where a soft cap must change them).
 
     Without a sliding window and a cached prefix the causal mask is implicit (torch's fused
     flash kernel); with a prefix it is the bottom-right aligned boolean mask (what torch's
@@ -101,7 +104,15 @@ def extend_attention_torch(
         if ext == 0:
             continue
         rows = slice(offset, offset + ext)
-        if sliding_window or softcap is not None:
+        got = None
+        if native and softcap is None:
+            slots = req_to_token[req, : pre + ext]
+            got = native_extend(
+                q[rows], k_pool, v_pool, slots, pre, scale=scale, sliding_window=sliding_window
+            )
+        if got is not None:
+            out[rows] = got
+        elif sliding_window or softcap is not None:
             out[rows] = _windowed(
                 q[rows], k_pool, v_pool, req_to_token[req], pre, sliding_window, scale, softcap
             )
