@@ -193,13 +193,15 @@ def _native(case, scale, window=None, threads=None):
 
 @pytest.mark.parametrize("window", [None, 1, 63, 64, 130])
 @pytest.mark.parametrize(
-    ("hq", "hkv", "d"), [(4, 2, 64), (8, 1, 128), (6, 3, 48), (2, 2, 16), (3, 1, 256)]
+    ("hq", "hkv", "d"),
+    [(4, 2, 64), (8, 1, 128), (6, 3, 48), (2, 2, 16), (3, 1, 256), (4, 4, 96), (2, 1, 80)],
 )
 def test_native_matches_naive(window: int | None, hq: int, hkv: int, d: int) -> None:
     """The C kernel against the explicit math: a pure prefill longer than a key block (64), a
     prefix + chunk, one token after a prefix, a short one; tiles that straddle positions
-    (groups of 1-8 query heads against 4 rows a tile); head sizes for the 16- and 8-lane loops
-    (48: the 8-lane one on an AVX-512 CPU); sliding windows within and across blocks."""
+    (groups of 1-8 query heads against 4 rows a tile); head sizes for the 16-lane loops (a
+    multiple of their 64-float value runs) and the 8-lane ones (16-float runs: 16, 48, 80 and
+    Phi-3's 96, on an AVX-512 CPU too); sliding windows within and across blocks."""
     case = make_case([0, 70, 130, 0], [150, 40, 1, 3], hq, hkv, d, torch.float32, seed=d + hq)
     got = _native(case, 0.2, window)
     assert got is not None  # this CPU has AVX2 or AVX-512: the kernel runs
@@ -220,14 +222,14 @@ def test_native_split_over_threads_is_exact(threads: int) -> None:
 
 
 def test_native_declines_what_it_does_not_take() -> None:
-    """bf16 queries or pools, int64 slots and head sizes off the vector width go to torch."""
+    """bf16 queries or pools, int64 slots and head sizes off the value runs go to torch."""
     q, k_pool, v_pool, r2t, req_slots, prefix, extend = make_case([0], [5], 4, 2, 16, torch.float32)
     slots = r2t[req_slots[0], :5]
     call = extend_native.native_extend
     assert call(q.bfloat16(), k_pool, v_pool, slots, 0, scale=0.3) is None
     assert call(q, k_pool.bfloat16(), v_pool.bfloat16(), slots, 0, scale=0.3) is None
     assert call(q, k_pool, v_pool, slots.long(), 0, scale=0.3) is None
-    odd = make_case([0], [5], 4, 2, 12, torch.float32)
+    odd = make_case([0], [5], 4, 2, 24, torch.float32)
     assert _native(odd, 0.3) is None
     out = extend_attention(*odd, scale=0.3)  # the torch path serves it
     torch.testing.assert_close(out.double(), naive_extend(*odd, scale=0.3), atol=1e-5, rtol=1e-5)

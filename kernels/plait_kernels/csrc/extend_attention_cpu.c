@@ -17,8 +17,8 @@
  * same bits in any chunk, tile or thread split.
  *
  * The vector loops are built for AVX-512 (16 floats a vector) and AVX2 (8); a CPU with
- * neither, or a head size that is not a multiple of the vector width up to EA_MAX_D, gets -4
- * and the caller takes torch's kernel. Slot ids outside the pool fail the call (-2) before
+ * neither, or a head size that is not a multiple of their value runs (64 and 16 floats) up to
+ * EA_MAX_D, gets -4 and the caller takes torch's kernel. Slot ids outside the pool fail the call (-2) before
  * anything is read. */
 #include <math.h>
 #include <stdint.h>
@@ -34,7 +34,7 @@ enum { EA_ROWS = 4, EA_KEYS = 64, EA_MAX_D = 256, EA_UNIT_TILES = 4 };
 #include <immintrin.h>
 
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512vl,avx512dq,avx2,fma")
+#pragma GCC target("avx512f,avx2,fma")
 #define EA_W 16
 #define EA_SV 4 /* 4 x 4 score vectors in registers */
 #define EA_CV 4 /* 4 x 4 output vectors */
@@ -94,12 +94,14 @@ typedef void (*tile_fn)(const float *const *qr, const int64_t *first, const int6
                         const float *kt,
                         const float *vp, int64_t d, float scale, float *o);
 
-/* The tile loop for head size d on this CPU, or NULL (the caller takes torch's kernel). */
+/* The tile loop for head size d on this CPU, or NULL (the caller takes torch's kernel): the
+ * value sums run over the head in runs of EA_CV vectors (64 floats on AVX-512, 16 on AVX2),
+ * so d must be a multiple of one (96, Phi-3's, takes AVX2's loops). */
 static tile_fn tile_path(int64_t d) {
 #if EA_VEC_PATH
     if (d <= 0 || d > EA_MAX_D) return NULL;
-    if (d % 16 == 0 && __builtin_cpu_supports("avx512f")) return tile_avx512;
-    if (d % 8 == 0 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    if (d % (16 * 4) == 0 && __builtin_cpu_supports("avx512f")) return tile_avx512;
+    if (d % (8 * 2) == 0 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
         return tile_avx2;
 #else
     (void)d;

@@ -21,7 +21,8 @@ PLAIT_INLINE EA(vf) EA(select)(EA(vi) keep, EA(vf) a, EA(vf) b) {
     return (EA(vf))((keep & (EA(vi))a) | (~keep & (EA(vi))b));
 }
 
-/* exp_nonpos (plait_kernels.h) on every lane: the same steps, floor from truncation. */
+/* exp_nonpos (plait_kernels.h) on every lane: its steps, floor from truncation and the
+ * polynomial in FMAs (so within an ulp of it, not always its bits). */
 PLAIT_INLINE EA(vf) EA(exp)(EA(vf) x) {
     x = EA(select)(x < -87.0f, (EA(vf)){0} - 87.0f, x);
     const EA(vf) y = x * 1.44269504f + 0.5f;
@@ -100,7 +101,7 @@ PLAIT_INLINE void EA(scores)(const float *const *qr, const float *kt, int64_t d,
 }
 
 /* o[j] = alpha[j] * o[j] + sum over the block's `keys` keys of p[j][t] * v_t, for head size d
- * (v: the packed rows of the block, d floats apart). */
+ * a multiple of EA_CV vectors (tile_path; v: the packed rows of the block, d floats apart). */
 PLAIT_INLINE void EA(values)(const float p[EA_ROWS][EA_KEYS], const float *alpha,
                              const float *v, int keys, int64_t d, float *o) {
     for (int64_t c0 = 0; c0 < d; c0 += EA_CV * EA_W) {

@@ -220,10 +220,6 @@ PLAIT_INLINE int64_t qmm_scale_bytes(int form) {
 /* r rounded to the nearest integer, halves away from 0 (within int range). */
 PLAIT_INLINE int round_away(float r) { return (int)(r + (r >= 0.0f ? 0.5f : -0.5f)); }
 
-typedef float f32x16 __attribute__((vector_size(64)));
-typedef int32_t i32x16 __attribute__((vector_size(64)));
-typedef int8_t i8x16 __attribute__((vector_size(16)));
-
 /* round_away on 16 lanes: the same float operations, so the same integers. */
 PLAIT_INLINE i32x16 round_away16(f32x16 r) {
     const i32x16 up = r >= (f32x16){0}; /* -1 where r >= 0 */
