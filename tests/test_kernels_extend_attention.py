@@ -152,7 +152,7 @@ def test_input_checks() -> None:
 
 
 @pytest.mark.parametrize("window", [None, 5])
-def test_soft_cap_matches_naive_and_triton(window: int | None) -> None:
+def test_soft_cap_matches_naive_and_triton(window: int | None, cpu_path: str) -> None:
     """Gemma 2's attention soft cap (scores -> c * tanh(scores / c)): the torch path against
     the explicit math, and the Triton kernel against the torch path; a cap that changes
     nothing (scores far below it) gives the uncapped result."""
@@ -174,7 +174,7 @@ def test_soft_cap_must_be_positive() -> None:
         extend_attention(*case, scale=0.3, softcap=0.0)
 
 
-def _native(case, scale, window=None, threads=None):
+def _native(case, scale, window=None, threads=None, softcap=None):
     """The C kernel alone over each request of a case (None where it declines)."""
     q, k_pool, v_pool, r2t, req_slots, prefix, extend = case
     outs, row = [], 0
@@ -182,7 +182,7 @@ def _native(case, scale, window=None, threads=None):
         if ext:
             got = extend_native.native_extend(
                 q[row : row + ext], k_pool, v_pool, r2t[req, : pre + ext], pre,
-                scale=scale, sliding_window=window, threads=threads,
+                scale=scale, sliding_window=window, softcap=softcap, threads=threads,
             )  # fmt: skip
             if got is None:
                 return None
@@ -191,21 +191,27 @@ def _native(case, scale, window=None, threads=None):
     return torch.cat(outs)
 
 
-@pytest.mark.parametrize("window", [None, 1, 63, 64, 130])
+@pytest.mark.parametrize(
+    ("window", "softcap"),
+    [(None, None), (1, None), (63, None), (64, 2.5), (130, None), (None, 1.5)],
+)
 @pytest.mark.parametrize(
     ("hq", "hkv", "d"),
     [(4, 2, 64), (8, 1, 128), (6, 3, 48), (2, 2, 16), (3, 1, 256), (4, 4, 96), (2, 1, 80)],
 )
-def test_native_matches_naive(window: int | None, hq: int, hkv: int, d: int) -> None:
+def test_native_matches_naive(
+    window: int | None, softcap: float | None, hq: int, hkv: int, d: int
+) -> None:
     """The C kernel against the explicit math: a pure prefill longer than a key block (64), a
     prefix + chunk, one token after a prefix, a short one; tiles that straddle positions
     (groups of 1-8 query heads against 4 rows a tile); head sizes for the 16-lane loops (a
     multiple of their 64-float value runs) and the 8-lane ones (16-float runs: 16, 48, 80 and
-    Phi-3's 96, on an AVX-512 CPU too); sliding windows within and across blocks."""
+    Phi-3's 96, on an AVX-512 CPU too); sliding windows within and across blocks; soft caps
+    that change the scores (the scale below makes some exceed them)."""
     case = make_case([0, 70, 130, 0], [150, 40, 1, 3], hq, hkv, d, torch.float32, seed=d + hq)
-    got = _native(case, 0.2, window)
+    got = _native(case, 0.2, window, softcap=softcap)
     assert got is not None  # this CPU has AVX2 or AVX-512: the kernel runs
-    want = naive_extend(*case, scale=0.2, window=window)
+    want = naive_extend(*case, scale=0.2, window=window, softcap=softcap)
     torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
 
 

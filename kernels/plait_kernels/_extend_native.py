@@ -20,11 +20,13 @@ def native_extend(
     *,
     scale: float,
     sliding_window: int | None = None,
+    softcap: float | None = None,
     threads: int | None = None,
 ) -> torch.Tensor | None:
     """fp32 output [E, Hq, D] of new tokens ``q`` [E, Hq, D] at positions ``pre .. pre + E - 1``
     attending causally to the positions whose KV slots are ``slots`` [pre + E] (int32; with
-    ``sliding_window`` w, a token at p to positions p - w + 1 .. p only), or None
+    ``sliding_window`` w, a token at p to positions p - w + 1 .. p only; with ``softcap`` c the
+    scaled scores become ``c * tanh(score / c)``), or None
     when the kernel cannot run (no compiler, a dtype other than fp32, a non-contiguous pool, no
     vector path for this CPU and head size). Split over ``threads`` threads (default: torch's
     intra-op thread count) of the C pool; every token is computed the same way on any split."""
@@ -53,6 +55,7 @@ def native_extend(
         *(_ptr(t) for t in (qc, k_pool, v_pool, sc)),
         *_i64(pre, ext, k_pool.shape[0], hq, hkv, d, sliding_window or 0),
         ctypes.c_float(scale),
+        ctypes.c_float(softcap or 0.0),
         _ptr(scratch),
         _ptr(out),
         ctypes.c_int(threads or torch.get_num_threads()),

@@ -87,9 +87,9 @@ def extend_attention_torch(
     softcap: float | None = None,
     native: bool = True,
 ) -> torch.Tensor:
-    """Reference / CPU path: per request, the C kernel (``_extend_native``: fp32, no soft cap)
-    when ``native`` and it can run, else one ``scaled_dot_product_attention`` (explicit scores
-    where a soft cap must change them).
+    """Reference / CPU path: per request, the C kernel (``_extend_native``: fp32) when
+    ``native`` and it can run, else one ``scaled_dot_product_attention`` (explicit scores where
+    a soft cap must change them).
 
     Without a sliding window and a cached prefix the causal mask is implicit (torch's fused
     flash kernel); with a prefix it is the bottom-right aligned boolean mask (what torch's
@@ -105,11 +105,12 @@ def extend_attention_torch(
             continue
         rows = slice(offset, offset + ext)
         got = None
-        if native and softcap is None:
+        if native:
             slots = req_to_token[req, : pre + ext]
             got = native_extend(
-                q[rows], k_pool, v_pool, slots, pre, scale=scale, sliding_window=sliding_window
-            )
+                q[rows], k_pool, v_pool, slots, pre,
+                scale=scale, sliding_window=sliding_window, softcap=softcap,
+            )  # fmt: skip
         if got is not None:
             out[rows] = got
         elif sliding_window or softcap is not None:

@@ -1,7 +1,8 @@
 /* CPU extend (prefill) attention of one request over the paged KV pool: its `ext` new tokens at
  * positions pre .. pre + ext - 1 attend causally to positions 0 .. their own (or, with a
- * sliding window w, their last w), whose KV slots are slots[0 .. pre + ext). q and out are
- * [ext, Hq, D], the pool [S, Hkv, D], fp32; query head h reads kv head h / (Hq / Hkv).
+ * sliding window w, their last w; scores soft-capped where asked), whose KV slots are
+ * slots[0 .. pre + ext). q and out are [ext, Hq, D], the pool [S, Hkv, D], fp32; query head h
+ * reads kv head h / (Hq / Hkv).
  *
  * Built at first use by plait.kernels._native and called through ctypes. A call first packs
  * each kv head's keys as K^T by blocks ([D, EA_KEYS] each) and its values as [npad, D] (npad:
@@ -92,7 +93,7 @@ enum { EA_ROWS = 4, EA_KEYS = 64, EA_MAX_D = 256, EA_UNIT_TILES = 4 };
 
 typedef void (*tile_fn)(const float *const *qr, const int64_t *first, const int64_t *last,
                         const float *kt,
-                        const float *vp, int64_t d, float scale, float *o);
+                        const float *vp, int64_t d, float scale, float cap, float *o);
 
 /* The tile loop for head size d on this CPU, or NULL (the caller takes torch's kernel): the
  * value sums run over the head in runs of EA_CV vectors (64 floats on AVX-512, 16 on AVX2),
@@ -113,7 +114,7 @@ typedef struct {
     const float *q, *k_pool, *v_pool;
     const int32_t *slots;
     int64_t pre, ext, hq, hkv, d, window, npad, unit_tiles, units_per_head;
-    float scale;
+    float scale, cap;
     float *kt, *vp, *out; /* kt [hkv, npad / EA_KEYS, d, EA_KEYS], vp [hkv, npad, d] */
     tile_fn tile;
 } ea_job_t;
@@ -157,7 +158,7 @@ static void ea_unit(void *ctx, int u, int parts) {
             first[i] = j->window > 0 && last[i] >= j->window ? last[i] - j->window + 1 : 0;
         }
         const float *kt = j->kt + g * d * j->npad, *vp = j->vp + g * j->npad * d;
-        j->tile(qr, first, last, kt, vp, d, j->scale, o);
+        j->tile(qr, first, last, kt, vp, d, j->scale, j->cap, o);
         for (int i = 0; i < EA_ROWS && r0 + i < rows; ++i)
             memcpy(j->out + at[i], o + i * d, sizeof(float) * d);
     }
@@ -169,14 +170,15 @@ int64_t plait_extend_scratch(int64_t pre, int64_t ext, int64_t hkv, int64_t d) {
     return 2 * hkv * npad * d;
 }
 
-/* With window w > 0 a token at position p sees positions p - w + 1 .. p only (0: all up to p).
+/* With window w > 0 a token at position p sees positions p - w + 1 .. p only (0: all up to p);
+ * with softcap c > 0 the scaled scores become c * tanh(score / c) (0: none).
  * Returns the threads used (>= 1); -2 a slot outside the pool, -3 bad shapes, -4 no vector
  * path for this CPU and head size. */
 PLAIT_CLONES int plait_extend_f32(const float *q, const float *k_pool, const float *v_pool,
                                   const int32_t *slots, int64_t pre, int64_t ext,
                                   int64_t num_slots, int64_t hq, int64_t hkv, int64_t d,
-                                  int64_t window, float scale, float *scratch, float *out,
-                                  int threads, plait_pool_fn pool) {
+                                  int64_t window, float scale, float softcap, float *scratch,
+                                  float *out, int threads, plait_pool_fn pool) {
     if (pre < 0 || ext <= 0 || hkv <= 0 || hq % hkv != 0 || d <= 0 || window < 0) return -3;
     tile_fn tile = tile_path(d);
     if (tile == NULL) return -4;
@@ -188,7 +190,7 @@ PLAIT_CLONES int plait_extend_f32(const float *q, const float *k_pool, const flo
     const int64_t most = (hkv * tiles + 59999) / 60000;
     const int64_t unit_tiles = most > EA_UNIT_TILES ? most : EA_UNIT_TILES;
     ea_job_t job = {q, k_pool, v_pool, slots, pre, ext, hq, hkv, d, window, npad, unit_tiles,
-                    (tiles + unit_tiles - 1) / unit_tiles, scale,
+                    (tiles + unit_tiles - 1) / unit_tiles, scale, softcap,
                     scratch, scratch + hkv * d * npad, out, tile};
     const int64_t units = hkv * job.units_per_head;
     if (pool == NULL || threads <= 1) {

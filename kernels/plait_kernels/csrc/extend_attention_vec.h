@@ -127,11 +127,12 @@ PLAIT_INLINE void EA(values)(const float p[EA_ROWS][EA_KEYS], const float *alpha
 
 /* One tile: rows whose queries are qr and visible keys first[j] .. last[j] (a row of the tile
  * past the call's rows repeats a real one; its output is not stored), over the packed K^T and V
- * of their kv head; o receives each row's output. Blocks before every row's first are skipped. */
+ * of their kv head, the scores capped (cap * tanh(score / cap)) where cap > 0; o receives each
+ * row's output. Blocks before every row's first are skipped. */
 __attribute__((noinline)) static void EA(tile)(const float *const *qr, const int64_t *first,
                                                const int64_t *last,
                                                const float *kt, const float *vp, int64_t d,
-                                               float scale, float *o) {
+                                               float scale, float cap, float *o) {
     float s[EA_ROWS][EA_KEYS], m[EA_ROWS], alpha[EA_ROWS];
     EA(vf) sums[EA_ROWS];
     int64_t start = first[0], end = 0;
@@ -144,6 +145,10 @@ __attribute__((noinline)) static void EA(tile)(const float *const *qr, const int
     memset(o, 0, sizeof(float) * (size_t)(EA_ROWS * d));
     for (int64_t kb = start / EA_KEYS * EA_KEYS; kb < end; kb += EA_KEYS) {
         EA(scores)(qr, kt + kb * d, d, scale, s);
+        if (cap > 0.0f) /* the soft cap, as the decode kernel applies it */
+            for (int j = 0; j < EA_ROWS; ++j)
+#pragma omp simd
+                for (int t = 0; t < EA_KEYS; ++t) s[j][t] = tanh_f32(s[j][t] / cap) * cap;
         for (int j = 0; j < EA_ROWS; ++j)
             alpha[j] = EA(softmax)(s[j], first[j] - kb, last[j] - kb, &m[j], &sums[j]);
         int keys = end - kb < EA_KEYS ? (int)(end - kb) : EA_KEYS;
