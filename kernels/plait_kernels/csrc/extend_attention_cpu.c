@@ -30,6 +30,32 @@
 
 enum { EA_ROWS = 4, EA_KEYS = 64, EA_MAX_D = 256, EA_UNIT_TILES = 4 };
 
+/* One row's scores of a block (s, scaled) become its probabilities against the running maximum
+ * m (updated), keys outside [first, last] (relative to the block; none visible where last < 0)
+ * getting 0; the running sum l is rescaled and added to. Returns the factor the row's output
+ * sums take, exp(old m - new m). Inlined into each width's tile loop, vectorized there. */
+PLAIT_INLINE float ea_softmax_block(float *s, int64_t first, int64_t last, float *m, float *l) {
+    const int lo = first < 0 ? 0 : first < EA_KEYS ? (int)first : EA_KEYS;
+    const int hi = last < 0 ? 0 : last + 1 < EA_KEYS ? (int)(last + 1) : EA_KEYS;
+    float top = *m, sum = 0.0f;
+#pragma omp simd reduction(max : top)
+    for (int t = lo; t < hi; ++t) top = s[t] > top ? s[t] : top;
+    if (top == -INFINITY) { /* nothing visible yet: the row is untouched */
+        memset(s, 0, sizeof(float) * EA_KEYS);
+        return 1.0f;
+    }
+    const float alpha = exp_nonpos(*m - top);
+#pragma omp simd reduction(+ : sum)
+    for (int t = 0; t < EA_KEYS; ++t) {
+        const float p = t >= lo && t < hi ? exp_nonpos(s[t] - top) : 0.0f;
+        s[t] = p;
+        sum += p;
+    }
+    *m = top;
+    *l = *l * alpha + sum;
+    return alpha;
+}
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #define EA_VEC_PATH 1
 #include <immintrin.h>
@@ -48,17 +74,6 @@ enum { EA_ROWS = 4, EA_KEYS = 64, EA_MAX_D = 256, EA_UNIT_TILES = 4 };
 #define EA_MUL(a, b) _mm512_mul_ps(a, b)
 #define EA_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
 #include "extend_attention_vec.h"
-#undef EA_W
-#undef EA_SV
-#undef EA_CV
-#undef EA_SFX
-#undef EA_VEC
-#undef EA_ZERO
-#undef EA_LOAD
-#undef EA_STORE
-#undef EA_SET1
-#undef EA_MUL
-#undef EA_FMA
 #pragma GCC pop_options
 
 #pragma GCC push_options
@@ -75,17 +90,6 @@ enum { EA_ROWS = 4, EA_KEYS = 64, EA_MAX_D = 256, EA_UNIT_TILES = 4 };
 #define EA_MUL(a, b) _mm256_mul_ps(a, b)
 #define EA_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
 #include "extend_attention_vec.h"
-#undef EA_W
-#undef EA_SV
-#undef EA_CV
-#undef EA_SFX
-#undef EA_VEC
-#undef EA_ZERO
-#undef EA_LOAD
-#undef EA_STORE
-#undef EA_SET1
-#undef EA_MUL
-#undef EA_FMA
 #pragma GCC pop_options
 #else
 #define EA_VEC_PATH 0

@@ -1,10 +1,12 @@
 /* Extend attention's vector loops, compiled once per vector width: extend_attention_cpu.c
  * includes this file under `#pragma GCC target(...)` with EA_W (floats a vector holds: 16 on
- * AVX-512, 8 on AVX2), EA_SFX (a name suffix) and the intrinsics below defined.
+ * AVX-512, 8 on AVX2), EA_SFX (a name suffix) and the intrinsics below defined; it undefines
+ * them at its end.
  *
  * A tile is EA_ROWS query rows of one kv head against the keys in blocks of EA_KEYS: the block's
  * scores come from a register block of EA_ROWS x EA_SV vectors (each packed K^T vector serves
- * every row, each query value broadcast), the online softmax updates the rows' maxima and sums,
+ * every row, each query value broadcast), the online softmax (ea_softmax_block) updates the
+ * rows' maxima and sums,
  * and the value sums run over the block in a register block of EA_ROWS x EA_CV vectors of the
  * head's outputs. A row's output depends only on its own scores (the other rows of its tile
  * change nothing), so a token is computed the same way whatever else is in the call. */
@@ -12,69 +14,6 @@
 #define EA_CAT_(a, b) a##b
 #define EA_CAT(a, b) EA_CAT_(a, b)
 #define EA(name) EA_CAT(name, EA_SFX)
-
-typedef float EA(vf) __attribute__((vector_size(4 * EA_W)));
-typedef int32_t EA(vi) __attribute__((vector_size(4 * EA_W)));
-
-/* Lanes of a where `keep`, else of b. */
-PLAIT_INLINE EA(vf) EA(select)(EA(vi) keep, EA(vf) a, EA(vf) b) {
-    return (EA(vf))((keep & (EA(vi))a) | (~keep & (EA(vi))b));
-}
-
-/* exp_nonpos (plait_kernels.h) on every lane: its steps, floor from truncation and the
- * polynomial in FMAs (so within an ulp of it, not always its bits). */
-PLAIT_INLINE EA(vf) EA(exp)(EA(vf) x) {
-    x = EA(select)(x < -87.0f, (EA(vf)){0} - 87.0f, x);
-    const EA(vf) y = x * 1.44269504f + 0.5f;
-    EA(vi) t = __builtin_convertvector(y, EA(vi));
-    t += __builtin_convertvector(t, EA(vf)) > y; /* truncation went up: one less */
-    const EA(vf) n = __builtin_convertvector(t, EA(vf));
-    const EA(vf) r = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;
-    EA(vf) p = (EA(vf)){0} + 1.0f / 5040.0f;
-    p = EA_FMA(p, r, (EA(vf)){0} + 1.0f / 720.0f);
-    p = EA_FMA(p, r, (EA(vf)){0} + 1.0f / 120.0f);
-    p = EA_FMA(p, r, (EA(vf)){0} + 1.0f / 24.0f);
-    p = EA_FMA(p, r, (EA(vf)){0} + 1.0f / 6.0f);
-    p = EA_FMA(p, r, (EA(vf)){0} + 0.5f);
-    p = EA_FMA(p, r, (EA(vf)){0} + 1.0f);
-    p = EA_FMA(p, r, (EA(vf)){0} + 1.0f);
-    return p * (EA(vf))((t + 127) << 23);
-}
-
-/* One row's scores of a block (s, scaled) become its probabilities against the running maximum
- * m (updated), keys outside [first, last] (relative to the block; none visible where last < 0)
- * getting 0; the running sums (lanes of a vector, added up at the end) are rescaled and added
- * to. Returns the factor the row's output sums take, exp(old m - new m). */
-PLAIT_INLINE float EA(softmax)(float *s, int64_t first, int64_t last, float *m, EA(vf) *sums) {
-    const int lo = first < 0 ? 0 : first < EA_KEYS ? (int)first : EA_KEYS;
-    const int hi = last < 0 ? 0 : last + 1 < EA_KEYS ? (int)(last + 1) : EA_KEYS;
-    EA(vf) v[EA_KEYS / EA_W], top = (EA(vf)){0} + *m;
-    EA(vi) keep[EA_KEYS / EA_W];
-    for (int c = 0; c < EA_KEYS / EA_W; ++c) {
-        EA(vi) at = {0};
-        for (int i = 0; i < EA_W; ++i) at[i] = c * EA_W + i;
-        keep[c] = (at >= lo) & (at < hi);
-        memcpy(&v[c], s + c * EA_W, sizeof v[c]);
-        const EA(vf) seen = EA(select)(keep[c], v[c], (EA(vf)){0} - INFINITY);
-        top = EA(select)(seen > top, seen, top);
-    }
-    float mx = top[0];
-    for (int i = 1; i < EA_W; ++i) mx = top[i] > mx ? top[i] : mx;
-    if (mx == -INFINITY) { /* nothing visible yet: the row is untouched */
-        memset(s, 0, sizeof(float) * EA_KEYS);
-        return 1.0f;
-    }
-    const float alpha = exp_nonpos(*m - mx);
-    EA(vf) sum = {0};
-    for (int c = 0; c < EA_KEYS / EA_W; ++c) {
-        const EA(vf) p = EA(select)(keep[c], EA(exp)(v[c] - mx), (EA(vf)){0});
-        memcpy(s + c * EA_W, &p, sizeof p);
-        sum += p;
-    }
-    *m = mx;
-    *sums = *sums * alpha + sum;
-    return alpha;
-}
 
 /* scale * q.k of the tile's rows against a block of EA_KEYS keys, kt its K^T [d, EA_KEYS]
  * (columns past the keys are zeros). */
@@ -133,12 +72,11 @@ __attribute__((noinline)) static void EA(tile)(const float *const *qr, const int
                                                const int64_t *last,
                                                const float *kt, const float *vp, int64_t d,
                                                float scale, float cap, float *o) {
-    float s[EA_ROWS][EA_KEYS], m[EA_ROWS], alpha[EA_ROWS];
-    EA(vf) sums[EA_ROWS];
+    float s[EA_ROWS][EA_KEYS], m[EA_ROWS], l[EA_ROWS], alpha[EA_ROWS];
     int64_t start = first[0], end = 0;
     for (int j = 0; j < EA_ROWS; ++j) {
         m[j] = -INFINITY;
-        sums[j] = (EA(vf)){0};
+        l[j] = 0.0f;
         start = first[j] < start ? first[j] : start;
         end = last[j] + 1 > end ? last[j] + 1 : end;
     }
@@ -150,14 +88,12 @@ __attribute__((noinline)) static void EA(tile)(const float *const *qr, const int
 #pragma omp simd
                 for (int t = 0; t < EA_KEYS; ++t) s[j][t] = tanh_f32(s[j][t] / cap) * cap;
         for (int j = 0; j < EA_ROWS; ++j)
-            alpha[j] = EA(softmax)(s[j], first[j] - kb, last[j] - kb, &m[j], &sums[j]);
+            alpha[j] = ea_softmax_block(s[j], first[j] - kb, last[j] - kb, &m[j], &l[j]);
         int keys = end - kb < EA_KEYS ? (int)(end - kb) : EA_KEYS;
         EA(values)(s, alpha, vp + kb * d, keys, d, o);
     }
     for (int j = 0; j < EA_ROWS; ++j) {
-        float l = 0.0f;
-        for (int i = 0; i < EA_W; ++i) l += sums[j][i];
-        const float inv = 1.0f / l;
+        const float inv = 1.0f / l[j];
         for (int64_t i = 0; i < d; ++i) o[j * d + i] *= inv;
     }
 }
@@ -165,3 +101,15 @@ __attribute__((noinline)) static void EA(tile)(const float *const *qr, const int
 #undef EA
 #undef EA_CAT
 #undef EA_CAT_
+/* what the includer defined for this width */
+#undef EA_W
+#undef EA_SV
+#undef EA_CV
+#undef EA_SFX
+#undef EA_VEC
+#undef EA_ZERO
+#undef EA_LOAD
+#undef EA_STORE
+#undef EA_SET1
+#undef EA_MUL
+#undef EA_FMA
